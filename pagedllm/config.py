@@ -1,0 +1,321 @@
+"""EngineArgs (the user-facing flags) and the frozen configs the engine is built from."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+logger = logging.getLogger(__name__)
+
+_GiB = 1 << 30
+ALLOWED_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+# On CPU the KV cache is host memory: by default a quarter of the machine's memory, at most this much.
+_DEFAULT_CPU_KV_CACHE_GIB = 4
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str  # what the user asked for
+    path: str  # the resolved local file or folder
+    format: str  # "gguf" or "hf"
+    hf_config: Any
+    dtype: Any  # torch.dtype
+    max_model_len: int
+    served_model_name: str
+    seed: int
+    max_logprobs: int
+    skip_tokenizer_init: bool
+    tokenizer: str
+    generation_config: str
+    quantization: Optional[str]
+    enable_prompt_embeds: bool
+    task: str
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    def get_vocab_size(self) -> int:
+        return self.vocab_size
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int
+    num_gpu_blocks_override: Optional[int]
+    kv_cache_memory: Optional[int]  # bytes, CPU only; None picks the default
+    gpu_memory_utilization: float
+    swap_space: float  # GiB of host memory per worker for swapped-out blocks
+    enable_prefix_caching: bool
+    cache_dtype: str = "auto"
+
+    @property
+    def swap_space_bytes(self) -> int:
+        return int(self.swap_space * _GiB)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_chunked_prefill: bool
+    preemption_mode: Optional[str]
+    policy: str
+    num_scheduler_steps: int
+    watermark: float = 0.01
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    distributed_executor_backend: Any  # "uni", "mp", "ray" or an executor class
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: str  # "cpu" or "cuda"
+
+
+@dataclass(frozen=True)
+class ObservabilityConfig:
+    otlp_traces_endpoint: Optional[str]
+    collect_detailed_traces: Optional[str]
+    disable_log_stats: bool
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine, scheduler and workers are built from."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    device_config: DeviceConfig
+    observability_config: ObservabilityConfig
+    lora_config: Optional[dict] = None
+    speculative_config: Optional[dict] = None
+
+
+_HELP = {
+    "model": "Model name (alias), GGUF file or Hugging Face folder; defaults to the embedded SmolLM2-135M-Instruct.",
+    "max_model_len": "Longest prompt plus output, in tokens; defaults to the model's context length.",
+    "block_size": "Tokens per KV cache block.",
+    "kv_cache_memory": "Bytes of host memory for the KV cache on CPU (default: a quarter of RAM, at most 4 GiB).",
+    "num_gpu_blocks_override": "Exact number of KV cache blocks (for tests).",
+    "max_num_batched_tokens": "Token budget of one engine step.",
+    "max_num_seqs": "Most requests in one engine step.",
+    "distributed_executor_backend": "How the model runs: 'uni' (in process), 'mp' or 'ray'.",
+    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes.",
+    "enable_chunked_prefill": "Split long prefills into chunks within the token budget.",
+}
+
+
+@dataclass
+class EngineArgs:
+    """The engine's arguments, with vLLM's names and defaults; `LLM(**kwargs)` and the CLI accept the same."""
+
+    model: Optional[str] = None
+    tokenizer: Optional[str] = None
+    skip_tokenizer_init: bool = False
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    dtype: str = "auto"
+    seed: int = 0
+    max_model_len: Optional[int] = None
+    served_model_name: Optional[str] = None
+    generation_config: str = "auto"
+    task: str = "auto"
+    quantization: Optional[str] = None
+    enable_prompt_embeds: bool = False
+    max_logprobs: int = 20
+    device: str = "auto"
+    block_size: int = 16
+    kv_cache_memory: Optional[int] = None
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: Optional[int] = None
+    swap_space: float = 4
+    enable_prefix_caching: bool = False
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: int = 256
+    enable_chunked_prefill: Optional[bool] = None
+    preemption_mode: Optional[str] = None
+    scheduling_policy: str = "fcfs"
+    num_scheduler_steps: int = 1
+    disable_async_output_proc: bool = False
+    enforce_eager: bool = False
+    distributed_executor_backend: Any = None
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    disable_log_stats: bool = False
+    otlp_traces_endpoint: Optional[str] = None
+    collect_detailed_traces: Optional[str] = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: Optional[int] = None
+    speculative_config: Optional[dict] = None
+    enable_sleep_mode: bool = False
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one `--field-name` flag per field, typed from the field's annotation."""
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "speculative_config":
+                parser.add_argument("--speculative-config", type=_json_dict, default=None)
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            kind = _cli_type(hints[f.name])
+            if kind is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                    help=_HELP.get(f.name))
+            else:
+                parser.add_argument(flag, type=kind, default=f.default, help=_HELP.get(f.name))
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+    def create_engine_config(self) -> EngineConfig:
+        """Resolve the model and derive every default; impossible settings raise ValueError."""
+        import torch
+
+        from pagedllm.model.source import resolve_model_source
+
+        source = resolve_model_source(self.model)
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}.")
+        dtype = _resolve_dtype(self.dtype, device)
+        max_model_len = _resolve_max_model_len(self.max_model_len, source.hf_config)
+        if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
+            raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}.")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization {self.quantization!r} is not supported; use None or 'int8'.")
+        model_config = ModelConfig(
+            model=self.model or source.name, path=source.path, format=source.format,
+            hf_config=source.hf_config, dtype=dtype, max_model_len=max_model_len,
+            served_model_name=self.served_model_name or (self.model or source.name), seed=self.seed,
+            max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
+            tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
+            quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
+            task="generate" if self.task == "auto" else self.task)
+        if self.block_size not in ALLOWED_BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}.")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
+        if self.swap_space < 0:
+            raise ValueError(f"swap_space must be non-negative, got {self.swap_space}.")
+        cache_config = CacheConfig(
+            block_size=self.block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
+            kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
+            gpu_memory_utilization=self.gpu_memory_utilization, swap_space=self.swap_space,
+            enable_prefix_caching=self.enable_prefix_caching)
+        return EngineConfig(
+            model_config=model_config, cache_config=cache_config,
+            scheduler_config=self._scheduler_config(max_model_len),
+            parallel_config=self._parallel_config(), device_config=DeviceConfig(device),
+            observability_config=ObservabilityConfig(self.otlp_traces_endpoint, self.collect_detailed_traces,
+                                                     self.disable_log_stats),
+            lora_config=({"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
+                          "max_cpu_loras": self.max_cpu_loras or self.max_loras} if self.enable_lora else None),
+            speculative_config=self.speculative_config)
+
+    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        chunked = bool(self.enable_chunked_prefill)
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = 2048 if chunked else max(max_model_len, 2048)
+        if not chunked and budget < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}): such a "
+                "prompt could never be scheduled. Raise max_num_batched_tokens, lower max_model_len, "
+                "or enable chunked prefill.")
+        if budget < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1.")
+        if budget < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({budget}) must be at least max_num_seqs "
+                             f"({self.max_num_seqs}).")
+        if self.preemption_mode not in (None, "recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
+        if self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}.")
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
+            enable_chunked_prefill=chunked, preemption_mode=self.preemption_mode, policy=self.scheduling_policy,
+            num_scheduler_steps=self.num_scheduler_steps)
+
+    def _parallel_config(self) -> ParallelConfig:
+        from pagedllm.executor.base import ExecutorBase
+
+        backend = self.distributed_executor_backend
+        if backend is None:
+            backend = "uni" if self.tensor_parallel_size * self.pipeline_parallel_size == 1 else "mp"
+        known = ("uni", "mp", "ray")
+        if not (backend in known or (isinstance(backend, type) and issubclass(backend, ExecutorBase))):
+            raise ValueError(f"Unrecognized distributed executor backend {backend!r}. Supported values are "
+                             "'uni', 'mp', 'ray' or a subclass of ExecutorBase.")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1.")
+        return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, backend)
+
+
+def _cli_type(annotation: Any) -> Any:
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    base = args[0] if typing.get_origin(annotation) is Union and len(args) == 1 else annotation
+    return base if base in (bool, int, float) else str
+
+
+def _json_dict(text: str) -> dict:
+    import json
+
+    return json.loads(text)
+
+
+def _resolve_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        return torch.float32 if device == "cpu" else torch.bfloat16
+    names = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of 'auto', {', '.join(repr(n) for n in names)}; got {dtype!r}.")
+    return names[dtype]
+
+
+def _resolve_max_model_len(requested: Optional[int], hf_config: Any) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if requested is None:
+        return limit
+    if requested < 1 or requested > limit:
+        raise ValueError(f"max_model_len ({requested}) must be between 1 and the model's context length ({limit}).")
+    return requested
+
+
+def _default_kv_cache_memory() -> int:
+    """VLLM_CPU_KVCACHE_SPACE (GiB) if set, else a quarter of physical memory capped at 4 GiB."""
+    env = os.environ.get("PAGEDLLM_CPU_KVCACHE_SPACE") or os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if env:
+        return int(float(env) * _GiB)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(_DEFAULT_CPU_KV_CACHE_GIB * _GiB, total // 4)

@@ -1,0 +1,1 @@
+"""Pure-Python bookkeeping of requests, KV cache blocks and scheduling; no model, no torch."""

@@ -1,0 +1,1 @@
+"""The engine: requests in, scheduled steps through the executor, RequestOutputs out."""

@@ -1,0 +1,104 @@
+"""LLM: offline batched inference over an LLMEngine, with a progress bar."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence, Union
+
+from pagedllm.config import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.inputs import PromptType
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+ChatMessages = list[dict[str, Any]]
+
+
+class LLM:
+    """`LLM(model, **engine_args)`: the same keyword arguments as EngineArgs; stats logging off by default."""
+
+    def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
+        kwargs.setdefault("disable_log_stats", True)
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return self.llm_engine.get_default_sampling_params()
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True, lora_request: Any = None,
+                 priority: Optional[list[int]] = None) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in the prompts' order."""
+        prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        params_list = ([sampling_params] * len(prompt_list) if isinstance(sampling_params, SamplingParams)
+                       else list(sampling_params))
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"The lengths of prompts ({len(prompt_list)}) and sampling_params "
+                             f"({len(params_list)}) must be the same.")
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError("The lengths of prompts and priority must be the same.")
+        ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                request_id = str(next(self._request_counter))
+                self.llm_engine.add_request(request_id, prompt, params, lora_request=lora_request,
+                                            priority=priority[i] if priority else 0)
+                ids.append(request_id)
+        except Exception:
+            self.llm_engine.abort_request(ids)
+            raise
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(self, messages: Union[ChatMessages, list[ChatMessages]],
+             sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+             use_tqdm: bool = True, lora_request: Any = None, chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: Optional[list[dict[str, Any]]] = None,
+             chat_template_kwargs: Optional[dict[str, Any]] = None) -> list[RequestOutput]:
+        """Generate replies to conversations rendered by the tokenizer's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts = [{"prompt_token_ids": tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=tools, tokenize=True, return_dict=False,
+            **(chat_template_kwargs or {}))} for conversation in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(request_ids)) if use_tqdm else None
+        prompt_tokens = output_tokens = 0
+        while self.llm_engine.has_unfinished_requests():
+            for output in self.llm_engine.step():
+                if not output.finished:
+                    continue
+                finished[output.request_id] = output
+                if bar is not None:
+                    prompt_tokens += len(output.prompt_token_ids or [])
+                    output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                    elapsed = bar.format_dict["elapsed"] or 1e-9
+                    bar.postfix = (f"est. speed input: {prompt_tokens / elapsed:.2f} toks/s, "
+                                   f"output: {output_tokens / elapsed:.2f} toks/s")
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [finished[request_id] for request_id in request_ids if request_id in finished]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+
+def _progress_bar(total: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True,
+                postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")

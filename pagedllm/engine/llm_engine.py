@@ -1,0 +1,200 @@
+"""LLMEngine: accepts requests and advances all of them one scheduled step at a time."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable, Mapping, Optional, Union
+
+from pagedllm.config import EngineArgs, EngineConfig
+from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.executor import ExecutorBase, executor_class
+from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.tokenizer import get_generation_config, get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        self.log_stats = log_stats
+        start = time.perf_counter()
+        self.tokenizer = None if self.model_config.skip_tokenizer_init else get_tokenizer(self.model_config)
+        self.generation_config = get_generation_config(self.model_config)
+        self.eos_token_id = self._eos_token_id()
+        self.model_executor = executor_cls(config)
+        num_blocks = self.model_executor.determine_num_available_blocks()
+        self.model_executor.initialize_cache(num_blocks)
+        block_size = config.cache_config.block_size
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens). Engine ready in %.1f s.", num_blocks,
+                    block_size, num_blocks * block_size, time.perf_counter() - start)
+        self.scheduler = Scheduler(config.scheduler_config,
+                                   KVCacheManager(num_blocks, block_size, config.scheduler_config.watermark))
+        self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        config = engine_args.create_engine_config()
+        return cls(config, executor_class(config), log_stats=not engine_args.disable_log_stats)
+
+    def __reduce__(self) -> Any:
+        raise RuntimeError("LLMEngine should not be pickled!")
+
+    def __del__(self) -> None:
+        executor = getattr(self, "model_executor", None)
+        if executor is not None:
+            executor.shutdown()
+
+    # --- requests -----------------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: Optional[float] = None, lora_request: Any = None,
+                    tokenization_kwargs: Optional[dict[str, Any]] = None,
+                    trace_headers: Optional[Mapping[str, str]] = None, priority: int = 0) -> None:
+        """Validate and queue a request; a bad request raises ValueError (or TypeError) and changes nothing."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
+        if request_id in self.output_processor.states:
+            raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}.")
+        if lora_request is not None and self.config.lora_config is None:
+            raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        if priority != 0 and self.config.scheduler_config.policy != "priority":
+            raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
+        text, token_ids = self._prompt_token_ids(prompt, tokenization_kwargs)
+        params = self._prepare_params(params, token_ids)
+        request = Request(request_id, token_ids, params, arrival_time or time.time(), self.eos_token_id,
+                          priority, lora_request)
+        self.output_processor.add_request(request, text)
+        self.scheduler.add_request(request)
+
+    def _prompt_token_ids(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]
+                          ) -> tuple[Optional[str], list[int]]:
+        parsed = parse_prompt(prompt)
+        if parsed.embeds is not None:
+            raise ValueError("Prompt embeddings need enable_prompt_embeds=True and a model that supports them.")
+        token_ids = parsed.token_ids
+        if token_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("A text prompt needs the tokenizer, but skip_tokenizer_init=True; "
+                                 "pass prompt_token_ids instead.")
+            token_ids = self.tokenizer.encode(parsed.text, **(tokenization_kwargs or {}))
+        return parsed.text, token_ids
+
+    def _prepare_params(self, params: SamplingParams, token_ids: list[int]) -> SamplingParams:
+        """Check the prompt against the model and fill the engine-derived parts of a copy of `params`."""
+        max_logprobs = self.model_config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > max_logprobs:
+                raise ValueError(f"Cannot request more than {max_logprobs} logprobs.")
+        params = params.clone()
+        if params.truncate_prompt_tokens is not None:
+            del token_ids[:-params.truncate_prompt_tokens]
+        if not token_ids:
+            raise ValueError("The decoder prompt cannot be empty")
+        vocab_size = self.model_config.vocab_size
+        for token_id in token_ids:
+            if not 0 <= token_id < vocab_size:
+                raise ValueError(f"Token id {token_id} is out of vocabulary")
+        max_len = self.model_config.max_model_len
+        if len(token_ids) > max_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(token_ids)}) is longer than the maximum model length of "
+                f"{max_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+        if not params.ignore_eos:
+            params.all_stop_token_ids.update(self._generation_eos_ids())
+        if params.max_tokens is None:
+            params.max_tokens = max_len - len(token_ids)
+        return params
+
+    def _eos_token_id(self) -> Optional[int]:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        eos = getattr(self.model_config.hf_config, "eos_token_id", None)
+        return eos[0] if isinstance(eos, list) else eos
+
+    def _generation_eos_ids(self) -> set[int]:
+        """EOS ids of the generation config beyond the tokenizer's, which act as stop tokens."""
+        eos = getattr(self.generation_config, "eos_token_id", None) if self.generation_config else None
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        ids.discard(self.eos_token_id)
+        return ids
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation-config defaults (temperature, top_p, ...)."""
+        if self.generation_config is None:
+            return SamplingParams()
+        defaults = self.generation_config.to_diff_dict()
+        names = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                 "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+        return SamplingParams(**{ours: defaults[theirs] for theirs, ours in names.items() if theirs in defaults})
+
+    def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for request in self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED):
+            self.output_processor.finish(request.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    # --- the step -----------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, execute, process: the outputs of this iteration."""
+        scheduler_output = self.scheduler.schedule()
+        outputs = [self._finish_ignored(request) for request in scheduler_output.ignored]
+        if scheduler_output.is_empty:
+            return outputs
+        result = self.model_executor.execute_model(scheduler_output)
+        self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
+        step_outputs, finished = self.output_processor.process(
+            [request for request, _ in scheduler_output.scheduled], result)
+        for status in set(finished.values()):
+            self.scheduler.finish_requests([rid for rid, s in finished.items() if s == status], status)
+        for request_id in finished:
+            self.output_processor.finish(request_id)
+        return outputs + step_outputs
+
+    def _finish_ignored(self, request: Request) -> RequestOutput:
+        state = self.output_processor.finish(request.request_id)
+        return self.output_processor.make_output(state, request.status)
+
+    # --- accessors ----------------------------------------------------------------------------------------
+
+    def get_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("The tokenizer was not initialized (skip_tokenizer_init=True).")
+        return self.tokenizer
+
+    def get_model_config(self) -> Any:
+        return self.config.model_config
+
+    def get_cache_config(self) -> Any:
+        return self.config.cache_config
+
+    def get_scheduler_config(self) -> Any:
+        return self.config.scheduler_config
+
+    def get_parallel_config(self) -> Any:
+        return self.config.parallel_config
+
+    def get_engine_config(self) -> EngineConfig:
+        return self.config
+
+    def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (),
+                       kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
+        return self.model_executor.collective_rpc(method, timeout, args, kwargs)
+
+    def check_health(self) -> None:
+        self.model_executor.check_health()

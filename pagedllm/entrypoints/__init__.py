@@ -1,0 +1,1 @@
+"""User-facing entry points: the command line and the OpenAI-compatible server."""

@@ -1,0 +1,45 @@
+"""The seam between the engine and the workers that hold the model.
+
+An executor owns one or more workers (in process, in worker processes, on Ray actors) and offers the
+engine a few calls; every call is a `collective_rpc` of a worker method, so a new executor only has to
+say how to reach its workers.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Optional, Union
+
+from pagedllm.config import EngineConfig
+
+
+class ExecutorBase(ABC):
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._init_executor()
+
+    @abstractmethod
+    def _init_executor(self) -> None:
+        """Start the workers and load the model on each."""
+
+    @abstractmethod
+    def collective_rpc(self, method: Union[str, Callable], timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict] = None) -> list[Any]:
+        """Call `method` (a worker method name, or a function taking the worker first) on every worker;
+        return their results in rank order."""
+
+    def execute_model(self, scheduler_output: Any) -> Any:
+        """Run one step on the workers; the driver worker's output is the step's result."""
+        return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+
+    def determine_num_available_blocks(self) -> int:
+        return min(self.collective_rpc("determine_num_available_blocks"))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.collective_rpc("initialize_cache", args=(num_blocks,))
+
+    def check_health(self) -> None:
+        """Raise if a worker is unusable."""
+        self.collective_rpc("check_health")
+
+    def shutdown(self) -> None:
+        """Release the workers; safe to call more than once."""

@@ -1,0 +1,50 @@
+"""Prompt forms accepted by the engine, and their parsing into one shape."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, TypedDict, Union
+
+from typing_extensions import NotRequired
+
+
+class TextPrompt(TypedDict):
+    prompt: str
+    multi_modal_data: NotRequired[Any]
+
+
+class TokensPrompt(TypedDict):
+    prompt_token_ids: list[int]
+    prompt: NotRequired[str]
+    multi_modal_data: NotRequired[Any]
+
+
+class EmbedsPrompt(TypedDict):
+    prompt_embeds: Any
+
+
+PromptType = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt]
+
+
+class ParsedPrompt(NamedTuple):
+    """A prompt after parsing: exactly one of text, token ids or embeddings is the source."""
+
+    text: Optional[str]
+    token_ids: Optional[list[int]]
+    embeds: Any = None
+
+
+def parse_prompt(prompt: PromptType) -> ParsedPrompt:
+    """Normalise the accepted prompt forms; anything else is a TypeError naming what was given."""
+    if isinstance(prompt, str):
+        return ParsedPrompt(prompt, None)
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
+                raise TypeError("prompt_token_ids must be a list of integers.")
+            return ParsedPrompt(prompt.get("prompt"), list(ids))
+        if "prompt_embeds" in prompt:
+            return ParsedPrompt(None, None, prompt["prompt_embeds"])
+        if "prompt" in prompt and isinstance(prompt["prompt"], str):
+            return ParsedPrompt(prompt["prompt"], None)
+    raise TypeError(f"Unsupported prompt of type {type(prompt).__name__}: expected a string, "
+                    "{'prompt': str}, {'prompt_token_ids': [...]} or {'prompt_embeds': tensor}.")

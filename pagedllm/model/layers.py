@@ -1,0 +1,92 @@
+"""Building blocks of decoder models: RMSNorm, rotary embeddings and linear layers with merged shards.
+
+A merged linear layer (QKV, gate-up) holds several logical projections in one weight so that one matmul
+computes them all; `load_shard` places each checkpoint tensor in its rows, which is also the seam where
+tensor-parallel slicing and LoRA deltas attach.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class MergedLinear(nn.Module):
+    """y = x W^T (+ b) where W stacks the row blocks of several projections of sizes `output_sizes`."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False) -> None:
+        super().__init__()
+        self.output_sizes = list(output_sizes)
+        self.weight = nn.Parameter(torch.empty(sum(output_sizes), input_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(sum(output_sizes)), requires_grad=False) if bias else None
+
+    def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
+        start = sum(self.output_sizes[:shard])
+        target = self.weight if name == "weight" else self.bias
+        target.data[start:start + self.output_sizes[shard]].copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Linear(MergedLinear):
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, [output_size], bias)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table per position."""
+
+    def __init__(self, head_dim: int, max_position: int, rope_parameters: Optional[dict[str, Any]]) -> None:
+        super().__init__()
+        params = rope_parameters or {}
+        base = float(params.get("rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = _scale_inv_freq(inv_freq, params)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T]; q [T, heads, d], k [T, kv_heads, d]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _scale_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Apply the rope scalings of the supported model families (none, linear, llama3)."""
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(params["factor"])
+    if kind == "llama3":
+        factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+        old_len = params["original_max_position_embeddings"]
+        wavelen = 2 * torch.pi / inv_freq
+        smooth = (old_len / wavelen - low) / (high - low)
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        medium = (wavelen <= old_len / low) & (wavelen >= old_len / high)
+        return torch.where(medium, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    raise ValueError(f"rope scaling type {kind!r} is not supported.")

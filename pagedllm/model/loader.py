@@ -1,0 +1,43 @@
+"""Build a model from its source and load its weights (GGUF dequantized, or safetensors)."""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from pagedllm.config import ModelConfig
+from pagedllm.model.llama import LlamaForCausalLM
+
+# Architectures served by the Llama-family implementation.
+_DECODER_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+
+
+def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not files:
+        raise ValueError(f"Model folder {folder} has no *.safetensors weight files.")
+    for file in files:
+        yield from load_file(file).items()
+
+
+def load_model(model_config: ModelConfig, device: str) -> nn.Module:
+    """The model with its weights, in model_config.dtype on `device`, in inference mode."""
+    hf_config = model_config.hf_config
+    archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
+    if not archs & _DECODER_ARCHITECTURES:
+        raise ValueError(f"Model architecture {sorted(archs)} is not supported; supported: "
+                         f"{sorted(_DECODER_ARCHITECTURES)}.")
+    model = LlamaForCausalLM(hf_config)
+    if model_config.format == "gguf":
+        from pagedllm.model.gguf_loader import iter_gguf_weights
+
+        weights = iter_gguf_weights(model_config.path, hf_config)
+    else:
+        weights = _iter_safetensors(model_config.path)
+    model.load_weights(weights)
+    return model.to(device=device, dtype=model_config.dtype).eval()

@@ -1,0 +1,87 @@
+"""The sampler: a pipeline of named steps over a batch of logits, each row with its own parameters.
+
+Order: mask tokens not allowed yet (min_tokens) -> log-probabilities of the resulting distribution (what
+`logprobs` reports) -> greedy rows take the argmax -> random rows are scaled by temperature, filtered by
+top-k, top-p and min-p, and sampled by an exponential race (seeded rows draw from their own generator,
+so their tokens do not depend on the rest of the batch).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from pagedllm.sample.metadata import SamplingMetadata
+
+
+class SamplerOutput(NamedTuple):
+    token_ids: torch.Tensor  # [N] long
+    # When any row asked for logprobs: [N, 1 + k] ids and logprobs (the sampled token first), [N] ranks.
+    logprob_token_ids: Optional[torch.Tensor]
+    logprobs: Optional[torch.Tensor]
+    sampled_ranks: Optional[torch.Tensor]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        """logits [N, vocab] float32 -> one token per row."""
+        logits = apply_min_tokens(logits, meta)
+        logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
+        if meta.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = torch.where(meta.greedy, logits.argmax(dim=-1), sample_random(logits, meta))
+        if logprobs is None:
+            return SamplerOutput(tokens, None, None, None)
+        return SamplerOutput(tokens, *gather_logprobs(logprobs, tokens, meta.max_num_logprobs))
+
+
+def apply_min_tokens(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    for row, token_ids in meta.min_tokens_blocked:
+        logits[row, token_ids] = float("-inf")
+    return logits
+
+
+def sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    logits = logits / meta.temperature.unsqueeze(1)
+    logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    if meta.min_p is not None:
+        threshold = probs.amax(dim=-1, keepdim=True) * meta.min_p.unsqueeze(1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return exponential_race(probs, meta.generators)
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],
+                      top_p: Optional[torch.Tensor]) -> torch.Tensor:
+    if top_k is None and top_p is None:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        # Keep the k largest: everything below the k-th largest value goes.
+        kth = sorted_logits.gather(1, (vocab - top_k.clamp(1, vocab)).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - top_p).unsqueeze(1)
+        drop[:, -1] = False  # the most likely token always stays
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """argmax(p / E) with E ~ Exp(1) samples from p, with no device sync."""
+    race = torch.empty_like(probs).exponential_()
+    for row, generator in generators.items():
+        race[row].exponential_(generator=generator)
+    return probs.div(race).argmax(dim=-1)
+
+
+def gather_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor,
+                    k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The sampled token's logprob and rank, followed by the top-k (ids and values)."""
+    sampled = logprobs.gather(1, tokens.unsqueeze(1))
+    ranks = (logprobs > sampled).sum(dim=-1) + 1
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], tokens[:, None][:, :0])
+    return torch.cat([tokens.unsqueeze(1), top_ids], dim=1), torch.cat([sampled, top_values], dim=1), ranks

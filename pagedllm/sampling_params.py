@@ -1,0 +1,162 @@
+"""Sampling parameters of one request, validated on construction."""
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_EPS = 1e-5
+# Temperatures below this are numerically unstable and treated as this value.
+_MIN_TEMPERATURE = 1e-2
+
+LogitsProcessor = Union[
+    Callable[[list[int], Any], Any],
+    Callable[[list[int], list[int], Any], Any],
+]
+
+
+class RequestOutputKind(enum.Enum):
+    """How much of a request's output each `RequestOutput` carries."""
+
+    CUMULATIVE = 0  # everything generated so far
+    DELTA = 1  # only what is new since the last output
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class SamplingParams:
+    """vLLM's sampling parameters with vLLM's defaults; a bad value raises ValueError naming it."""
+
+    n: int = 1
+    best_of: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    max_tokens: Optional[int] = 16
+    min_tokens: int = 0
+    logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    logits_processors: Optional[list[LogitsProcessor]] = None
+    truncate_prompt_tokens: Optional[int] = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    guided_decoding: Any = None
+    logit_bias: Optional[dict[int, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    extra_args: Optional[dict[str, Any]] = None
+    # Filled by the engine from the model's generation config: EOS ids beyond the tokenizer's.
+    all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}.")
+        if 0 < self.temperature < _MIN_TEMPERATURE:
+            logger.warning(
+                "temperature %s is less than %s, which may cause numerical errors; it is set to %s.",
+                self.temperature, _MIN_TEMPERATURE, _MIN_TEMPERATURE)
+            self.temperature = _MIN_TEMPERATURE
+        if self.logit_bias is not None:
+            self.logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
+        self._verify()
+        if self.temperature < _SAMPLING_EPS:
+            # Greedy: the filters would not change the argmax, so switch them off.
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        self.all_stop_token_ids = set(self.stop_token_ids)
+
+    def _verify(self) -> None:
+        checks = [
+            (self.n >= 1, "n", f"must be at least 1, got {self.n}."),
+            (self.best_of is None or self.best_of >= 1, "best_of", f"must be at least 1, got {self.best_of}."),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"must be in [-2, 2], got {self.presence_penalty}."),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"must be in [-2, 2], got {self.frequency_penalty}."),
+            (self.repetition_penalty > 0.0, "repetition_penalty",
+             f"must be greater than zero, got {self.repetition_penalty}."),
+            (self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}."),
+            (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}."),
+            (self.top_k >= -1, "top_k", f"must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}."),
+            (0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}."),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
+             f"must be at least 1, got {self.max_tokens}."),
+            (self.min_tokens >= 0, "min_tokens", f"must be greater than or equal to 0, got {self.min_tokens}."),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+             f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs", f"must be non-negative, got {self.logprobs}."),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs",
+             f"must be non-negative, got {self.prompt_logprobs}."),
+            (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens",
+             f"must be >= 1, got {self.truncate_prompt_tokens}."),
+            (all(isinstance(s, str) and s for s in self.stop), "stop", "must contain only non-empty strings."),
+            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+             "must contain only non-negative integers."),
+            (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids",
+             "must not be empty."),
+            (isinstance(self.output_kind, RequestOutputKind), "output_kind",
+             f"must be a RequestOutputKind, got {self.output_kind!r}."),
+        ]
+        for ok, name, message in checks:
+            if not ok:
+                raise ValueError(f"{name} {message}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
+        if self.best_of is not None and self.best_of > 1 and self.temperature < _SAMPLING_EPS:
+            raise ValueError("best_of must be 1 when using greedy sampling (temperature=0), "
+                             f"got best_of={self.best_of}.")
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        if self.temperature < _SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM_SEED if self.seed is not None else SamplingType.RANDOM
+
+    def clone(self) -> "SamplingParams":
+        """A copy that shares the (possibly unpicklable) logits processors."""
+        processors = self.logits_processors
+        self.logits_processors = None
+        try:
+            params = copy.deepcopy(self)
+        finally:
+            self.logits_processors = processors
+        params.logits_processors = processors
+        return params
+
+
+@dataclass
+class BeamSearchParams:
+    """Parameters of `LLM.beam_search`."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False

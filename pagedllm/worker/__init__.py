@@ -1,0 +1,1 @@
+"""Workers hold the model and the KV cache tensors and run the steps the scheduler plans."""

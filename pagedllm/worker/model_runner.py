@@ -1,0 +1,104 @@
+"""One step on one worker: lay out the batch, run the model over the paged cache, sample."""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import nn
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.request import Request
+from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.sample.metadata import SamplingMetadata
+from pagedllm.sample.sampler import Sampler
+from pagedllm.worker.batch import ModelInput, build_model_input
+
+
+class TokenLogprobs(NamedTuple):
+    """Per position: candidate ids and their logprobs (the chosen or actual token first), and its rank."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+class ModelRunnerOutput(NamedTuple):
+    sampled_token_ids: dict[str, int]
+    logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
+    prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device) -> None:
+        self.config = config
+        self.model = model
+        self.device = device
+        self.block_size = config.cache_config.block_size
+        self.vocab_size = config.model_config.vocab_size
+        self.sampler = Sampler()
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.generators: dict[str, torch.Generator] = {}
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        hf = self.config.model_config.hf_config
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        shape = (num_blocks, self.block_size, hf.num_key_value_heads, head_dim)
+        dtype = self.config.model_config.dtype
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
+                           torch.zeros(shape, dtype=dtype, device=self.device))
+                          for _ in range(hf.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in scheduler_output.finished_req_ids:
+            self.generators.pop(request_id, None)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput({}, {}, {})
+        batch = build_model_input(scheduler_output.scheduled, self.block_size, self.device)
+        hidden = self.model(self.model.embed(batch.input_ids), batch.positions, self.kv_caches, batch.attn_metadata)
+        prompt_logprobs = self._prompt_logprobs(batch, hidden)
+        sampling = [batch.requests[i] for i in batch.sample_rows]
+        if not sampling:
+            return ModelRunnerOutput({}, {}, prompt_logprobs)
+        logits = self.model.compute_logits(hidden[batch.sample_token_indices])
+        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device)
+        out = self.sampler(logits, meta)
+        ids = [r.request_id for r in sampling]
+        logprobs = {}
+        if out.logprobs is not None:
+            for row, request in enumerate(sampling):
+                k = request.sampling_params.logprobs
+                if k is not None:
+                    logprobs[request.request_id] = TokenLogprobs(
+                        [out.logprob_token_ids[row, :k + 1].tolist()], [out.logprobs[row, :k + 1].tolist()],
+                        [int(out.sampled_ranks[row])])
+        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs)
+
+    def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
+        for request in requests:
+            seed = request.sampling_params.seed
+            if seed is not None and request.request_id not in self.generators:
+                self.generators[request.request_id] = torch.Generator(self.device).manual_seed(seed)
+        return self.generators
+
+    def _prompt_logprobs(self, batch: ModelInput, hidden: torch.Tensor) -> dict[str, TokenLogprobs]:
+        """Logprob of each prompt token given the ones before it, for the prompt positions of this step."""
+        result = {}
+        for request, n, start in zip(batch.requests, batch.num_new_tokens, batch.query_starts):
+            k = request.sampling_params.prompt_logprobs
+            if k is None or request.num_output_tokens > 0:
+                continue
+            first = request.num_computed_tokens
+            # Hidden state at position p predicts token p + 1; only prompt targets count.
+            last = min(first + n, request.num_prompt_tokens - 1)
+            if last <= first:
+                continue
+            logprobs = torch.log_softmax(self.model.compute_logits(hidden[start:start + last - first]), dim=-1)
+            targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=self.device)
+            actual = logprobs.gather(1, targets.unsqueeze(1))
+            ranks = (logprobs > actual).sum(dim=-1) + 1
+            top_values, top_ids = logprobs.topk(k, dim=-1)
+            result[request.request_id] = TokenLogprobs(
+                torch.cat([targets.unsqueeze(1), top_ids], 1).tolist(),
+                torch.cat([actual, top_values], 1).tolist(), ranks.tolist())
+        return result

@@ -1,0 +1,59 @@
+"""A worker: the model, its KV cache and a model runner on one device."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.model.loader import load_model
+from pagedllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        self.device = torch.device(config.device_config.device)
+        self.model_runner: ModelRunner | None = None
+
+    def load_model(self) -> None:
+        torch.manual_seed(self.config.model_config.seed)
+        model = load_model(self.config.model_config, str(self.device))
+        self.model_runner = ModelRunner(self.config, model, self.device)
+
+    def block_bytes(self) -> int:
+        """Bytes of one KV cache block over all layers, keys and values."""
+        hf = self.config.model_config.hf_config
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        element = torch.tensor([], dtype=self.config.model_config.dtype).element_size()
+        return (2 * hf.num_hidden_layers * self.config.cache_config.block_size * hf.num_key_value_heads
+                * head_dim * element)
+
+    def determine_num_available_blocks(self) -> int:
+        cache = self.config.cache_config
+        if cache.num_gpu_blocks_override is not None:
+            return cache.num_gpu_blocks_override
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1 - cache.gpu_memory_utilization)
+        else:
+            budget = cache.kv_cache_memory
+        num_blocks = int(budget // self.block_bytes())
+        if num_blocks < 1:
+            raise ValueError(f"No room for the KV cache: {budget / 2**30:.2f} GiB available, "
+                             f"{self.block_bytes()} bytes needed per block.")
+        return num_blocks
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
+
+    def check_health(self) -> None:
+        if self.model_runner is None:
+            raise RuntimeError("The worker has no model loaded.")
