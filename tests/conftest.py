@@ -44,3 +44,17 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def hf_model(default_model):
+    """The default model's weights in Hugging Face transformers' own Llama, the reference for ours."""
+    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, file = os.path.split(default_model)
+    model = LlamaForCausalLM(AutoConfig.from_pretrained(folder, gguf_file=file))
+    tensors = load_gguf_checkpoint(default_model, return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    model.tie_weights()
+    return model.eval()
