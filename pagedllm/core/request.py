@@ -10,7 +10,8 @@ from pagedllm.sampling_params import SamplingParams
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
-    PREEMPTED = enum.auto()
+    PREEMPTED = enum.auto()  # by recompute: back in the waiting queue
+    SWAPPED = enum.auto()  # preempted by swapping its blocks to host memory
     # Everything from here on is finished.
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
@@ -54,6 +55,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
         self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chain hashes of its full blocks, filled by the prefix cache
         self.status = RequestStatus.WAITING
         self.stop_reason: Any = None
 

@@ -34,9 +34,17 @@ class LLMEngine:
         block_size = config.cache_config.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens). Engine ready in %.1f s.", num_blocks,
                     block_size, num_blocks * block_size, time.perf_counter() - start)
-        self.scheduler = Scheduler(config.scheduler_config,
-                                   KVCacheManager(num_blocks, block_size, config.scheduler_config.watermark))
+        self.scheduler = Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks))
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
+
+    def _kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
+        cache, scheduler = self.config.cache_config, self.config.scheduler_config
+        num_swap_blocks = min(self.model_executor.collective_rpc("num_swap_blocks"))
+        if scheduler.preemption_mode == "swap" and num_swap_blocks < 1:
+            raise ValueError(f"swap_space ({cache.swap_space} GiB) holds no KV cache block; raise swap_space "
+                             "or use preemption_mode='recompute'.")
+        return KVCacheManager(num_blocks, cache.block_size, scheduler.watermark,
+                              enable_caching=cache.enable_prefix_caching, num_swap_blocks=num_swap_blocks)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -154,6 +162,10 @@ class LLMEngine:
         """Schedule, execute, process: the outputs of this iteration."""
         scheduler_output = self.scheduler.schedule()
         outputs = [self._finish_ignored(request) for request in scheduler_output.ignored]
+        if scheduler_output.blocks_to_swap_out:
+            self.model_executor.collective_rpc("swap_out", args=(scheduler_output.blocks_to_swap_out,))
+        if scheduler_output.blocks_to_swap_in:
+            self.model_executor.collective_rpc("swap_in", args=(scheduler_output.blocks_to_swap_in,))
         if scheduler_output.is_empty:
             return outputs
         result = self.model_executor.execute_model(scheduler_output)
@@ -169,6 +181,13 @@ class LLMEngine:
     def _finish_ignored(self, request: Request) -> RequestOutput:
         state = self.output_processor.finish(request.request_id)
         return self.output_processor.make_output(state, request.status)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False while requests still hold blocks."""
+        if self.scheduler.kv_cache.reset_prefix_cache():
+            return True
+        logger.warning("Failed to reset the prefix cache: some blocks are still in use by requests.")
+        return False
 
     # --- accessors ----------------------------------------------------------------------------------------
 
