@@ -186,6 +186,11 @@ class KVCacheManager:
     def num_free_swap_blocks(self) -> int:
         return len(self.free_swap_blocks)
 
+    @property
+    def swap_usage(self) -> float:
+        """Fraction of host swap blocks in use (0 without a swap space)."""
+        return 1.0 - self.num_free_swap_blocks / self.num_swap_blocks if self.num_swap_blocks else 0.0
+
     def swap_out(self, request: Request) -> Optional[list[tuple[int, int]]]:
         """Move the request's blocks to host blocks: the (device, host) pairs to copy, or None if the swap
         space is too full. Its device blocks are freed (cached ones stay findable)."""
