@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager
@@ -32,6 +32,8 @@ class SchedulerOutput:
     ignored: list[Request] = field(default_factory=list)
     # Requests finished since the previous step, so workers can drop their per-request state.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Guided requests that sample this step -> packed bitmask of their allowed tokens (set by the engine).
+    grammar_bitmasks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
