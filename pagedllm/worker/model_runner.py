@@ -61,7 +61,8 @@ class ModelRunner:
         if not sampling:
             return ModelRunnerOutput({}, {}, prompt_logprobs)
         logits = self.model.compute_logits(hidden[batch.sample_token_indices])
-        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device)
+        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device,
+                                      scheduler_output.grammar_bitmasks)
         out = self.sampler(logits, meta)
         ids = [r.request_id for r in sampling]
         logprobs = {}
