@@ -12,6 +12,10 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.executor import ExecutorBase, executor_class
 from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.metrics.collector import StatsCollector
+from pagedllm.metrics.loggers import StatLoggerBase
+from pagedllm.metrics.setup import default_stat_loggers, request_tracer
+from pagedllm.metrics.tracing import warn_tracing_disabled
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer import get_generation_config, get_tokenizer
@@ -37,6 +41,18 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler_config,
                                    KVCacheManager(num_blocks, block_size, config.scheduler_config.watermark))
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
+        self._init_observability(num_blocks)
+
+    def _init_observability(self, num_blocks: int) -> None:
+        lora = self.config.lora_config
+        self.stats = StatsCollector(self.scheduler, lambda rid: self.output_processor.states[rid].metrics,
+                                    collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        self.stat_loggers: dict[str, StatLoggerBase] = (
+            default_stat_loggers(self.config, num_blocks) if self.log_stats else {})
+        self.tracer = request_tracer(self.config)
+        if self.tracer is not None:
+            self.stats.on_finished_hooks.append(
+                lambda request, metrics: self.tracer.trace(request, metrics, request.trace_headers))
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -50,6 +66,10 @@ class LLMEngine:
         executor = getattr(self, "model_executor", None)
         if executor is not None:
             executor.shutdown()
+        for stat_logger in getattr(self, "stat_loggers", {}).values():
+            stat_logger.close()
+        if getattr(self, "tracer", None) is not None:
+            self.tracer.shutdown()
 
     # --- requests -----------------------------------------------------------------------------------------
 
@@ -70,8 +90,10 @@ class LLMEngine:
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         text, token_ids = self._prompt_token_ids(prompt, tokenization_kwargs)
         params = self._prepare_params(params, token_ids)
+        if trace_headers and self.tracer is None:
+            warn_tracing_disabled()
         request = Request(request_id, token_ids, params, arrival_time or time.time(), self.eos_token_id,
-                          priority, lora_request)
+                          priority, lora_request, trace_headers=trace_headers if self.tracer else None)
         self.output_processor.add_request(request, text)
         self.scheduler.add_request(request)
 
@@ -152,23 +174,67 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, process: the outputs of this iteration."""
+        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
+        self.stats.on_schedule(scheduler_output, time.perf_counter() - start)
         outputs = [self._finish_ignored(request) for request in scheduler_output.ignored]
         if scheduler_output.is_empty:
+            self.do_log_stats()
             return outputs
+        start = time.perf_counter()
         result = self.model_executor.execute_model(scheduler_output)
         self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
+        self.stats.on_tokens(scheduler_output, result.sampled_token_ids, time.perf_counter() - start,
+                             result.model_forward_time)
         step_outputs, finished = self.output_processor.process(
             [request for request, _ in scheduler_output.scheduled], result)
         for status in set(finished.values()):
             self.scheduler.finish_requests([rid for rid, s in finished.items() if s == status], status)
         for request_id in finished:
-            self.output_processor.finish(request_id)
+            state = self.output_processor.finish(request_id)
+            self.stats.on_finished(state.request, state.metrics)
+        self.do_log_stats()
         return outputs + step_outputs
 
     def _finish_ignored(self, request: Request) -> RequestOutput:
         state = self.output_processor.finish(request.request_id)
-        return self.output_processor.make_output(state, request.status)
+        output = self.output_processor.make_output(state, request.status)
+        self.stats.on_finished(request, state.metrics)
+        return output
+
+    # --- stats, tracing, profiling ------------------------------------------------------------------------
+
+    def do_log_stats(self, scheduler_outputs: Any = None, model_output: Any = None, finished_before: Any = None,
+                     skip: Any = None) -> None:
+        """Hand the stats gathered since the last call to every stat logger (the engine calls it each step);
+        the arguments exist for vLLM compatibility and are unused."""
+        if not self.log_stats:
+            return
+        stats = self.stats.make_stats()
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.log(stats)
+
+    def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:
+        if not self.log_stats:
+            raise RuntimeError("Stat logging is disabled. Set `disable_log_stats=False` argument to enable.")
+        if logger_name in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} already exists.")
+        self.stat_loggers[logger_name] = logger
+
+    def remove_logger(self, logger_name: str) -> None:
+        if not self.log_stats:
+            raise RuntimeError("Stat logging is disabled. Set `disable_log_stats=False` argument to enable.")
+        if logger_name not in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} does not exist.")
+        self.stat_loggers.pop(logger_name).close()
+
+    def start_profile(self) -> None:
+        """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR or its pagedllm twin)."""
+        self.model_executor.start_profile()
+
+    def stop_profile(self) -> None:
+        """Stop the profiler; each worker writes its trace into the profiler folder."""
+        self.model_executor.stop_profile()
 
     # --- accessors ----------------------------------------------------------------------------------------
 
