@@ -51,8 +51,7 @@ class LLMEngine:
             default_stat_loggers(self.config, num_blocks) if self.log_stats else {})
         self.tracer = request_tracer(self.config)
         if self.tracer is not None:
-            self.stats.on_finished_hooks.append(
-                lambda request, metrics: self.tracer.trace(request, metrics, request.trace_headers))
+            self.stats.on_finished_hooks.append(self.tracer.trace)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -227,6 +226,9 @@ class LLMEngine:
         if logger_name not in self.stat_loggers:
             raise KeyError(f"Logger with name {logger_name} does not exist.")
         self.stat_loggers.pop(logger_name).close()
+
+    def is_tracing_enabled(self) -> bool:
+        return self.tracer is not None
 
     def start_profile(self) -> None:
         """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR or its pagedllm twin)."""

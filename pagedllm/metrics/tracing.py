@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from functools import lru_cache
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from pagedllm.core.request import Request
 from pagedllm.outputs import RequestMetrics
@@ -17,6 +17,12 @@ from pagedllm.outputs import RequestMetrics
 logger = logging.getLogger(__name__)
 
 TRACES_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def extract_trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace context headers among an HTTP request's headers (matched without regard to case)."""
+    return {name.lower(): value for name, value in headers.items() if name.lower() in TRACE_HEADERS}
 
 
 class SpanAttributes:
@@ -79,7 +85,8 @@ class RequestTracer:
         """Also hand spans to `processor` (e.g. an in-memory exporter's)."""
         self.provider.add_span_processor(processor)
 
-    def trace(self, request: Request, metrics: RequestMetrics, headers: Optional[Mapping[str, str]]) -> None:
+    def trace(self, request: Request, metrics: RequestMetrics) -> None:
+        """Export the span of a finished request, parented on its trace headers if it has any."""
         from opentelemetry.trace import SpanKind
 
         params = request.sampling_params
@@ -105,7 +112,7 @@ class RequestTracer:
             SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_EXECUTE: metrics.model_execute_time,
         }
         attributes.update({name: value for name, value in optional.items() if value is not None})
-        context = self.propagator.extract(headers) if headers else None
+        context = self.propagator.extract(request.trace_headers) if request.trace_headers else None
         span = self.tracer.start_span("llm_request", context=context, kind=SpanKind.SERVER,
                                       attributes=attributes, start_time=int(metrics.arrival_time * 1e9))
         span.end(end_time=int(metrics.finished_time * 1e9))

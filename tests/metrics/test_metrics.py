@@ -1,6 +1,7 @@
 """Prometheus metrics, the stats log line and RequestMetrics, checked after known traffic on the tiny model."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -98,14 +99,17 @@ def test_cache_config_info_carries_the_cache_settings(stats_llm):
 
 def test_log_line_has_the_right_figures(stats_llm, caplog):
     engine = stats_llm.llm_engine
+    engine.remove_logger("logging")  # only the test's logger writes lines
+    with pytest.raises(KeyError):
+        engine.remove_logger("logging")
     stat_logger = LoggingStatLogger(local_interval=3600.0)
     engine.add_logger("test-line", stat_logger)
     with pytest.raises(KeyError):
         engine.add_logger("test-line", stat_logger)
     caplog.set_level(logging.INFO, logger="pagedllm.metrics.loggers")
+    original, engine.scheduler.config = engine.scheduler.config, dataclasses.replace(
+        engine.scheduler.config, max_num_seqs=2)
     try:
-        engine.scheduler.config = type(engine.scheduler.config)(**{**vars(engine.scheduler.config),
-                                                                    "max_num_seqs": 2})
         for i, prompt in enumerate(_prompts(N, P)):
             engine.add_request(f"line-{i}", prompt, SamplingParams(max_tokens=G, ignore_eos=True))
         start = stat_logger.last_local_log = time.time()
@@ -117,8 +121,7 @@ def test_log_line_has_the_right_figures(stats_llm, caplog):
     finally:
         engine.remove_logger("test-line")
         engine.abort_request([f"line-{i}" for i in range(N)])
-        engine.scheduler.config = type(engine.scheduler.config)(**{**vars(engine.scheduler.config),
-                                                                    "max_num_seqs": 256})
+        engine.scheduler.config = original
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Avg prompt throughput")]
     assert len(lines) == 1
     figures = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)(?: tokens/s| reqs|%)", lines[0])]

@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.metrics.tracing import warn_tracing_disabled
+from pagedllm.metrics.tracing import extract_trace_headers, warn_tracing_disabled
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
@@ -160,3 +160,8 @@ def test_unknown_otlp_protocol_is_a_clear_error(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "carrier-pigeon")
     with pytest.raises(ValueError, match="carrier-pigeon"):
         LLM(tiny_model_dir, num_gpu_blocks_override=64, otlp_traces_endpoint="http://127.0.0.1:1")
+
+
+def test_extract_trace_headers_keeps_only_w3c_context():
+    headers = {"Traceparent": HEADERS["traceparent"], "tracestate": "k=v", "Authorization": "secret"}
+    assert extract_trace_headers(headers) == {"traceparent": HEADERS["traceparent"], "tracestate": "k=v"}
