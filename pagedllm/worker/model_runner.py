@@ -1,9 +1,11 @@
 """One step on one worker: lay out the batch, run the model over the paged cache, sample."""
 from __future__ import annotations
 
+import math
 import time
 from typing import NamedTuple, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -30,6 +32,15 @@ class ModelRunnerOutput(NamedTuple):
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed cache tensor. On CPU it comes from calloc, whose large allocations the OS backs only as
+    blocks are first written, so an engine costs memory for the cache it uses rather than all it may use."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device) -> None:
         self.config = config
@@ -46,8 +57,7 @@ class ModelRunner:
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
         shape = (num_blocks, self.block_size, hf.num_key_value_heads, head_dim)
         dtype = self.config.model_config.dtype
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
-                           torch.zeros(shape, dtype=dtype, device=self.device))
+        self.kv_caches = [(_zeros(shape, dtype, self.device), _zeros(shape, dtype, self.device))
                           for _ in range(hf.num_hidden_layers)]
 
     @torch.inference_mode()
