@@ -9,6 +9,7 @@ from torch import nn
 from pagedllm.config import EngineConfig
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
 from pagedllm.worker.batch import ModelInput, build_model_input
@@ -42,10 +43,8 @@ class ModelRunner:
     def initialize_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf_config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        shape = (num_blocks, self.block_size, hf.num_key_value_heads, head_dim)
-        dtype = self.config.model_config.dtype
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=self.device),
-                           torch.zeros(shape, dtype=dtype, device=self.device))
+        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, hf.num_key_value_heads, head_dim,
+                                            self.config.model_config.dtype, self.device)
                           for _ in range(hf.num_hidden_layers)]
 
     @torch.inference_mode()
