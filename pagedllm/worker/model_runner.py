@@ -1,17 +1,16 @@
 """One step on one worker: lay out the batch, run the model over the paged cache, sample."""
 from __future__ import annotations
 
-import math
 import time
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
 from pagedllm.worker.batch import ModelInput, build_model_input
@@ -32,15 +31,6 @@ class ModelRunnerOutput(NamedTuple):
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed cache tensor. On CPU it comes from calloc, whose large allocations the OS backs only as
-    blocks are first written, so an engine costs memory for the cache it uses rather than all it may use."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device) -> None:
         self.config = config
@@ -55,9 +45,8 @@ class ModelRunner:
     def initialize_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf_config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        shape = (num_blocks, self.block_size, hf.num_key_value_heads, head_dim)
-        dtype = self.config.model_config.dtype
-        self.kv_caches = [(_zeros(shape, dtype, self.device), _zeros(shape, dtype, self.device))
+        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, hf.num_key_value_heads, head_dim,
+                                            self.config.model_config.dtype, self.device)
                           for _ in range(hf.num_hidden_layers)]
 
     @torch.inference_mode()
