@@ -324,3 +324,10 @@ def _default_kv_cache_memory() -> int:
         return int(float(env) * _GiB)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(_DEFAULT_CPU_KV_CACHE_GIB * _GiB, total // 4)
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """EngineArgs for `AsyncLLMEngine`, plus whether to log each request's arrival and abort."""
+
+    disable_log_requests: bool = False

@@ -20,7 +20,7 @@ import bisect
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager, PrefixHit
@@ -45,6 +45,8 @@ class SchedulerOutput:
     # does both, so no block is read and written by the two directions.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Guided requests that sample this step -> packed bitmask of their allowed tokens (set by the engine).
+    grammar_bitmasks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:

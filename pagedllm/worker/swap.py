@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedllm.model.attention import BLOCK_DIM
+
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -17,7 +19,7 @@ class SwapSpace:
         self.kv_caches = kv_caches
         pin = kv_caches[0][0].is_cuda
         self.host_caches: KVCaches = [
-            tuple(torch.empty((num_blocks, *cache.shape[1:]), dtype=cache.dtype, pin_memory=pin)
+            tuple(torch.empty(_with_blocks(cache.shape, num_blocks), dtype=cache.dtype, pin_memory=pin)
                   for cache in layer)  # type: ignore[misc]
             for layer in kv_caches]
 
@@ -37,4 +39,10 @@ class SwapSpace:
         dst_ids = torch.tensor([d for _, d in pairs], dtype=torch.long, device=dst[0][0].device)
         for src_layer, dst_layer in zip(src, dst):
             for src_cache, dst_cache in zip(src_layer, dst_layer):
-                dst_cache.index_copy_(0, dst_ids, src_cache.index_select(0, src_ids).to(dst_cache.device))
+                dst_cache.index_copy_(BLOCK_DIM, dst_ids,
+                                      src_cache.index_select(BLOCK_DIM, src_ids).to(dst_cache.device))
+
+
+def _with_blocks(shape: torch.Size, num_blocks: int) -> tuple[int, ...]:
+    """The cache shape with `num_blocks` blocks."""
+    return (*shape[:BLOCK_DIM], num_blocks, *shape[BLOCK_DIM + 1:])

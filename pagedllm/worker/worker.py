@@ -9,6 +9,7 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler import SchedulerOutput
 from pagedllm.model.loader import load_model
 from pagedllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from pagedllm.worker.profiler import WorkerProfiler
 from pagedllm.worker.swap import SwapSpace
 
 logger = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ class Worker:
         self.device = torch.device(config.device_config.device)
         self.model_runner: ModelRunner | None = None
         self.swap_space: SwapSpace | None = None
+        self.profiler = WorkerProfiler(rank, self.device)
 
     def load_model(self) -> None:
         torch.manual_seed(self.config.model_config.seed)
@@ -71,6 +73,12 @@ class Worker:
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def start_profile(self) -> None:
+        self.profiler.start()
+
+    def stop_profile(self) -> None:
+        self.profiler.stop()
 
     def check_health(self) -> None:
         if self.model_runner is None:
