@@ -98,7 +98,9 @@ class StatsCollector:
         stats.now = time.time()
         stats.num_running_sys = len(scheduler.running)
         stats.num_waiting_sys = len(scheduler.waiting)
+        stats.num_swapped_sys = len(scheduler.swapped)
         stats.gpu_cache_usage_sys = scheduler.kv_cache.usage
+        stats.cpu_cache_usage_sys = scheduler.kv_cache.swap_usage
         if self._prefix_queries:
             stats.gpu_prefix_cache_hit_rate = self._prefix_hits / self._prefix_queries
         stats.num_preemption_iter = scheduler.num_preemptions - self._preemptions_seen
