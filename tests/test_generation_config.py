@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from pagedllm import LLM, SamplingParams
 
 
+@pytest.mark.slow
 def test_generation_config_defaults_and_extra_eos_ids(tiny_model_dir, tmp_path):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     plain = LLM(tiny_model_dir, num_gpu_blocks_override=64)

@@ -180,6 +180,8 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         outputs = [output for request in scheduler_output.ignored
                    for output in self.output_processor.finish_ignored(request)]
+        for request in scheduler_output.ignored:
+            self.grammars.remove(request.request_id)
         if scheduler_output.is_empty:
             return outputs
         scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
