@@ -115,6 +115,13 @@ class LLM:
             bar.close()
         return [finished[request_id] for request_id in request_ids if request_id in finished]
 
+    def start_profile(self) -> None:
+        """Start the torch profiler (traces go to VLLM_TORCH_PROFILER_DIR or PAGEDLLM_TORCH_PROFILER_DIR)."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
+
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 

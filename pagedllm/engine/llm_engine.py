@@ -13,6 +13,10 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.executor import ExecutorBase, executor_class
 from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.metrics.collector import StatsCollector
+from pagedllm.metrics.loggers import StatLoggerBase
+from pagedllm.metrics.setup import default_stat_loggers, request_tracer
+from pagedllm.metrics.tracing import warn_tracing_disabled
 from pagedllm.outputs import RequestOutput
 from pagedllm.sample.guided_decoding import GrammarManager
 from pagedllm.sampling_params import SamplingParams
@@ -36,11 +40,30 @@ class LLMEngine:
         block_size = config.cache_config.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens). Engine ready in %.1f s.", num_blocks,
                     block_size, num_blocks * block_size, time.perf_counter() - start)
-        self.scheduler = Scheduler(config.scheduler_config,
-                                   KVCacheManager(num_blocks, block_size, config.scheduler_config.watermark))
+        self.scheduler = Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks))
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
         stop_ids = sorted(({self.eos_token_id} | self.generation_eos_ids()) - {None})
         self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
+        self._init_observability(num_blocks)
+
+    def _kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
+        cache, scheduler = self.config.cache_config, self.config.scheduler_config
+        num_swap_blocks = min(self.model_executor.collective_rpc("num_swap_blocks"))
+        if scheduler.preemption_mode == "swap" and num_swap_blocks < 1:
+            raise ValueError(f"swap_space ({cache.swap_space} GiB) holds no KV cache block; raise swap_space "
+                             "or use preemption_mode='recompute'.")
+        return KVCacheManager(num_blocks, cache.block_size, scheduler.watermark,
+                              enable_caching=cache.enable_prefix_caching, num_swap_blocks=num_swap_blocks)
+
+    def _init_observability(self, num_blocks: int) -> None:
+        lora = self.config.lora_config
+        self.stats = StatsCollector(self.scheduler, lambda rid: self.output_processor.states[rid].metrics,
+                                    collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        self.stat_loggers: dict[str, StatLoggerBase] = (
+            default_stat_loggers(self.config, num_blocks) if self.log_stats else {})
+        self.tracer = request_tracer(self.config)
+        if self.tracer is not None:
+            self.stats.on_finished_hooks.append(self.tracer.trace)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -54,6 +77,10 @@ class LLMEngine:
         executor = getattr(self, "model_executor", None)
         if executor is not None:
             executor.shutdown()
+        for stat_logger in getattr(self, "stat_loggers", {}).values():
+            stat_logger.close()
+        if getattr(self, "tracer", None) is not None:
+            self.tracer.shutdown()
 
     # --- requests -----------------------------------------------------------------------------------------
 
@@ -74,13 +101,16 @@ class LLMEngine:
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         text, token_ids = self._prompt_token_ids(prompt, tokenization_kwargs)
         params = self._prepare_params(params, token_ids)
+        if trace_headers and self.tracer is None:
+            warn_tracing_disabled()
         if params.guided_decoding is not None:
             self.grammars.compile(params.guided_decoding)  # an invalid schema fails here, before queueing
         parent = ParentRequest(request_id, params) if ParentRequest.needed(params) else None
         children = parent.children() if parent is not None else [(0, request_id, params)]
         for index, child_id, child_params in children:
             request = Request(child_id, list(token_ids), child_params, arrival_time or time.time(),
-                              self.eos_token_id, priority, lora_request)
+                              self.eos_token_id, priority, lora_request,
+                              trace_headers=trace_headers if self.tracer else None)
             if child_params.guided_decoding is not None:
                 self.grammars.add_request(child_id, child_params.guided_decoding)
             self.output_processor.add_request(request, text, (parent, index) if parent is not None else None)
@@ -177,17 +207,24 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, process: the outputs of this iteration."""
+        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
-        outputs = [output for request in scheduler_output.ignored
-                   for output in self.output_processor.finish_ignored(request)]
-        for request in scheduler_output.ignored:
-            self.grammars.remove(request.request_id)
+        self.stats.on_schedule(scheduler_output, time.perf_counter() - start)
+        outputs = [output for request in scheduler_output.ignored for output in self._finish_ignored(request)]
+        if scheduler_output.blocks_to_swap_out:
+            self.model_executor.collective_rpc("swap_out", args=(scheduler_output.blocks_to_swap_out,))
+        if scheduler_output.blocks_to_swap_in:
+            self.model_executor.collective_rpc("swap_in", args=(scheduler_output.blocks_to_swap_in,))
         if scheduler_output.is_empty:
+            self.do_log_stats()
             return outputs
         scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
             [r.request_id for r, n in scheduler_output.scheduled if r.num_computed_tokens + n == r.num_tokens])
+        start = time.perf_counter()
         result = self.model_executor.execute_model(scheduler_output)
         self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
+        self.stats.on_tokens(scheduler_output, result.sampled_token_ids, time.perf_counter() - start,
+                             result.model_forward_time)
         for request_id, token_id in result.sampled_token_ids.items():
             self.grammars.accept(request_id, token_id)
         step_outputs, finished = self.output_processor.process(
@@ -195,9 +232,62 @@ class LLMEngine:
         for status in set(finished.values()):
             self.scheduler.finish_requests([rid for rid, s in finished.items() if s == status], status)
         for request_id in finished:
-            self.output_processor.finish(request_id)
+            state = self.output_processor.finish(request_id)
+            self.stats.on_finished(state.request, state.metrics)
             self.grammars.remove(request_id)
+        self.do_log_stats()
         return outputs + step_outputs
+
+    def _finish_ignored(self, request: Request) -> list[RequestOutput]:
+        metrics = self.output_processor.states[request.request_id].metrics
+        outputs = self.output_processor.finish_ignored(request)
+        self.grammars.remove(request.request_id)
+        self.stats.on_finished(request, metrics)
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False while requests still hold blocks."""
+        if self.scheduler.kv_cache.reset_prefix_cache():
+            return True
+        logger.warning("Failed to reset the prefix cache: some blocks are still in use by requests.")
+        return False
+
+    # --- stats, tracing, profiling ------------------------------------------------------------------------
+
+    def do_log_stats(self, scheduler_outputs: Any = None, model_output: Any = None, finished_before: Any = None,
+                     skip: Any = None) -> None:
+        """Hand the stats gathered since the last call to every stat logger (the engine calls it each step);
+        the arguments exist for vLLM compatibility and are unused."""
+        if not self.log_stats:
+            return
+        stats = self.stats.make_stats()
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.log(stats)
+
+    def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:
+        if not self.log_stats:
+            raise RuntimeError("Stat logging is disabled. Set `disable_log_stats=False` argument to enable.")
+        if logger_name in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} already exists.")
+        self.stat_loggers[logger_name] = logger
+
+    def remove_logger(self, logger_name: str) -> None:
+        if not self.log_stats:
+            raise RuntimeError("Stat logging is disabled. Set `disable_log_stats=False` argument to enable.")
+        if logger_name not in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} does not exist.")
+        self.stat_loggers.pop(logger_name).close()
+
+    def is_tracing_enabled(self) -> bool:
+        return self.tracer is not None
+
+    def start_profile(self) -> None:
+        """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR or its pagedllm twin)."""
+        self.model_executor.start_profile()
+
+    def stop_profile(self) -> None:
+        """Stop the profiler; each worker writes its trace into the profiler folder."""
+        self.model_executor.stop_profile()
 
     # --- accessors ----------------------------------------------------------------------------------------
 

@@ -62,20 +62,16 @@ class OutputProcessor:
     def process(self, requests: list[Request], result: ModelRunnerOutput
                 ) -> tuple[list[RequestOutput], dict[str, RequestStatus]]:
         """Outputs of this step, and the requests that finished with their status."""
-        now = time.time()
         outputs, finished = [], {}
         parents: dict[str, ParentRequest] = {}
         for request in requests:
             state = self.states[request.request_id]
-            if state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
-                state.metrics.time_in_queue = now - state.metrics.arrival_time
             if request.request_id in result.prompt_logprobs:
                 state.prompt_logprobs.extend(self._logprob_dicts(result.prompt_logprobs[request.request_id],
                                                                  request.sampling_params.detokenize))
             if request.request_id not in result.sampled_token_ids:
                 continue
-            status = self._add_token(state, result.logprobs.get(request.request_id), now)
+            status = self._add_token(state, result.logprobs.get(request.request_id))
             if status is not None:
                 finished[request.request_id] = status
             output = self.make_output(state, status)
@@ -107,16 +103,12 @@ class OutputProcessor:
                 self.parents.pop(parent.request_id, None)
         return outputs
 
-    def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs], now: float
-                   ) -> Optional[RequestStatus]:
+    def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs]) -> Optional[RequestStatus]:
         request = state.request
         new_text = state.detokenizer.add_token(request.output_token_ids[-1]) if state.detokenizer else ""
         if logprobs is not None and state.logprobs is not None:
             state.logprobs.extend(self._logprob_dicts(logprobs, request.sampling_params.detokenize))
             state.cumulative_logprob += logprobs.logprobs[0][0]
-        if state.metrics.first_token_time is None:
-            state.metrics.first_token_time = now
-        state.metrics.last_token_time = now
         status, state.text = check_stop(request, state.text + new_text, len(new_text), self.max_model_len)
         return status
 

@@ -20,6 +20,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel instead of five
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -49,7 +51,10 @@ class Linear(MergedLinear):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table per position."""
+    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table per position.
+
+    The table rows for a step's positions are looked up once per step (`lookup`) and applied in every layer;
+    the sine's first half is stored negated so that rotating is one concatenation and one multiply-add."""
 
     def __init__(self, head_dim: int, max_position: int, rope_parameters: Optional[dict[str, Any]]) -> None:
         super().__init__()
@@ -58,20 +63,19 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         inv_freq = _scale_inv_freq(inv_freq, params)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([-freqs.sin(), freqs.sin()], dim=-1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, heads, d], k [T, kv_heads, d]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] -> cos, signed sin [T, 1, d]."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    @staticmethod
+    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, heads, d] rotated: x * cos + rotate_half(x) * sin."""
+        cos, sin = cos_sin
+        half = x.shape[-1] // 2
+        return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin)
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
