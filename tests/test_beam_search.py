@@ -52,6 +52,7 @@ def test_beam_search_equals_transformers(llm, hf_model):
         assert output.sequences[0].text == tokenizer.decode(output.sequences[0].tokens)
 
 
+@pytest.mark.slow
 def test_length_penalty_ranks_by_normalised_score(llm):
     params = BeamSearchParams(beam_width=3, max_tokens=6, length_penalty=2.0)
     sequences = llm.beam_search(["Write a short poem about the sea."], params)[0].sequences
