@@ -73,6 +73,18 @@ class AsyncLLMEngine:
     async def get_default_sampling_params(self) -> SamplingParams:
         return self.engine.get_default_sampling_params()
 
+    async def is_tracing_enabled(self) -> bool:
+        return self.engine.is_tracing_enabled()
+
+    async def do_log_stats(self, scheduler_outputs: Any = None, model_output: Any = None) -> None:
+        self.engine.do_log_stats()
+
+    async def start_profile(self) -> None:
+        self.engine.start_profile()
+
+    async def stop_profile(self) -> None:
+        self.engine.stop_profile()
+
     # --- the background loop ------------------------------------------------------------------------------
 
     def start_background_loop(self) -> None:

@@ -29,8 +29,6 @@ class StatsCollector:
         self.on_finished_hooks: list[Callable[[Request, RequestMetrics], None]] = []
         self._stats = Stats(now=time.time())
         self._preemptions_seen = scheduler.num_preemptions
-        self._prefix_queries = 0
-        self._prefix_hits = 0
 
     def on_schedule(self, output: SchedulerOutput, scheduler_time: float) -> None:
         """Mark the step's requests as scheduled and charge them the time `schedule()` took."""
@@ -41,8 +39,6 @@ class StatsCollector:
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
                 metrics.time_in_queue = now - metrics.arrival_time
-                self._prefix_queries += request.num_prompt_tokens
-                self._prefix_hits += request.num_cached_tokens
 
     def on_tokens(self, output: SchedulerOutput, sampled_token_ids: dict[str, int], execute_time: float,
                   forward_time_ms: float) -> None:
@@ -96,13 +92,13 @@ class StatsCollector:
         stats, self._stats = self._stats, Stats(now=time.time())
         scheduler = self.scheduler
         stats.now = time.time()
+        kv_cache = scheduler.kv_cache
         stats.num_running_sys = len(scheduler.running)
         stats.num_waiting_sys = len(scheduler.waiting)
         stats.num_swapped_sys = len(scheduler.swapped)
-        stats.gpu_cache_usage_sys = scheduler.kv_cache.usage
-        stats.cpu_cache_usage_sys = scheduler.kv_cache.swap_usage
-        if self._prefix_queries:
-            stats.gpu_prefix_cache_hit_rate = self._prefix_hits / self._prefix_queries
+        stats.gpu_cache_usage_sys = kv_cache.usage
+        stats.cpu_cache_usage_sys = kv_cache.swap_usage
+        stats.gpu_prefix_cache_hit_rate = kv_cache.prefix_cache_stats.hit_rate
         stats.num_preemption_iter = scheduler.num_preemptions - self._preemptions_seen
         self._preemptions_seen = scheduler.num_preemptions
         stats.running_lora_adapters = _lora_names(scheduler.running)

@@ -1,6 +1,7 @@
 """A real `pagedllm serve` process on a free local port, for the HTTP API tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import httpx
 import pytest
@@ -49,14 +50,16 @@ def wait_healthy(url: str, process: subprocess.Popen, log_path: Path, timeout: f
     raise RuntimeError(f"The server was not healthy after {timeout} s:\n{log_path.read_text()}")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[RunningServer]:
+@contextlib.contextmanager
+def running_server(log_dir: Path, args: list[str], env: Optional[dict[str, str]] = None
+                   ) -> Iterator[RunningServer]:
+    """A `pagedllm serve` process with `args`, healthy on a free port until the block ends."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    log_path = log_dir / "server.log"
     command = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port",
-               str(port), "--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY_BYTES),
-               "--num-gpu-blocks-override", "1024", "--uvicorn-log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+               str(port), "--uvicorn-log-level", "warning", *args]
+    env = {**os.environ, **(env or {}),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -70,3 +73,17 @@ def server(tmp_path_factory) -> Iterator[RunningServer]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[RunningServer]:
+    with running_server(tmp_path_factory.mktemp("server"),
+                        ["--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY_BYTES),
+                         "--num-gpu-blocks-override", "1024"]) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def launch_server():
+    """`with launch_server(log_dir, args, env) as server:` starts another server with other flags."""
+    return running_server

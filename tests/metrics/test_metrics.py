@@ -172,9 +172,11 @@ def test_request_metrics_filled_with_stats_off(tiny_model_dir):
         llm.llm_engine.add_logger("x", LoggingStatLogger(5.0))
 
 
-def test_preemptions_counted_and_counts_stay_exact(tiny_model_dir):
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemptions_counted_and_counts_stay_exact(tiny_model_dir, mode):
     # 4 blocks of 16 tokens: three requests of 16 + 20 tokens cannot all keep their blocks.
-    llm = LLM(tiny_model_dir, num_gpu_blocks_override=4, disable_log_stats=False, served_model_name=MODEL_NAME)
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=4, disable_log_stats=False, served_model_name=MODEL_NAME,
+              preemption_mode=mode, swap_space=0.01)
     n, p, g = 3, 16, 20
     llm.generate(_prompts(n, p), SamplingParams(max_tokens=g, ignore_eos=True), use_tqdm=False)
     preemptions = llm.llm_engine.scheduler.num_preemptions
@@ -196,3 +198,19 @@ def test_new_engine_takes_over_the_names_and_closing_gives_them_back(tiny_model_
     second.llm_engine.remove_logger("prometheus")
     assert REGISTRY.get_sample_value("vllm:prompt_tokens_total", {"model_name": "second"}) is None
     del first, second
+
+
+def test_prefix_cache_hit_rate_is_exported_and_logged(tiny_model_dir, caplog):
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=64, enable_prefix_caching=True, disable_log_stats=False,
+              served_model_name=MODEL_NAME)
+    prompt = _prompts(1, 40)
+    llm.generate(prompt, SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.llm_engine.remove_logger("logging")
+    llm.llm_engine.add_logger("every-step", LoggingStatLogger(local_interval=0.0))
+    caplog.set_level(logging.INFO, logger="pagedllm.metrics.loggers")
+    llm.generate(prompt, SamplingParams(max_tokens=2), use_tqdm=False)
+    stats = llm.llm_engine.scheduler.kv_cache.prefix_cache_stats
+    assert stats.hits > 0
+    assert _value("vllm:gpu_prefix_cache_hit_rate") == stats.hit_rate
+    last = [r.getMessage() for r in caplog.records if "Prefix cache hit rate" in r.getMessage()][-1]
+    assert last.endswith(f"Prefix cache hit rate: {100 * stats.hit_rate:.1f}%.")

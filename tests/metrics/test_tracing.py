@@ -2,13 +2,8 @@
 from __future__ import annotations
 
 import logging
-import threading
-from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -18,70 +13,6 @@ from pagedllm.metrics.tracing import extract_trace_headers, warn_tracing_disable
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
 HEADERS = {"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"}
-
-
-class _Received:
-    def __init__(self) -> None:
-        self.spans: list = []
-        self.lock = threading.Lock()
-
-    def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
-        with self.lock:
-            for resource_spans in request.resource_spans:
-                for scope_spans in resource_spans.scope_spans:
-                    self.spans.extend(scope_spans.spans)
-
-
-class _GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, received: _Received) -> None:
-        self.received = received
-
-    def Export(self, request, context):  # noqa: N802 - the OTLP service's method name
-        self.received.add(request)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
-def _grpc_collector(received: _Received):
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_GrpcCollector(received), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    return f"http://127.0.0.1:{port}", lambda: server.stop(None)
-
-
-def _http_collector(received: _Received):
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's method name
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            request = trace_service_pb2.ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            received.add(request)
-            reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        def log_message(self, *args) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-
-    return f"http://127.0.0.1:{server.server_address[1]}/v1/traces", stop
-
-
-def _attributes(span) -> dict:
-    values = {}
-    for kv in span.attributes:
-        kind = kv.value.WhichOneof("value")
-        values[kv.key] = getattr(kv.value, kind)
-    return values
 
 
 def _run(engine, requests: dict[str, tuple[list[int], SamplingParams, dict | None]]) -> dict:
@@ -96,24 +27,21 @@ def _run(engine, requests: dict[str, tuple[list[int], SamplingParams, dict | Non
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_spans_reach_a_real_otlp_collector(tiny_model_dir, monkeypatch, protocol):
-    received = _Received()
-    endpoint, stop = (_grpc_collector if protocol == "grpc" else _http_collector)(received)
+def test_spans_reach_a_real_otlp_collector(tiny_model_dir, monkeypatch, otlp_collector, protocol):
+    collector = otlp_collector(protocol)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", protocol)
-    try:
-        llm = LLM(tiny_model_dir, num_gpu_blocks_override=64, otlp_traces_endpoint=endpoint)
-        engine = llm.llm_engine
-        memory = InMemorySpanExporter()
-        engine.tracer.add_span_processor(SimpleSpanProcessor(memory))
-        outputs = _run(engine, {
-            "traced": (list(range(200, 211)), SamplingParams(temperature=0.7, top_p=0.9, max_tokens=6,
-                                                             ignore_eos=True, seed=1), HEADERS),
-            "untraced": (list(range(300, 305)), SamplingParams(max_tokens=3, ignore_eos=True), None),
-        })
-        assert engine.tracer.force_flush()
-    finally:
-        stop()
-    spans = {_attributes(s)["gen_ai.request.id"]: s for s in received.spans}
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=64, otlp_traces_endpoint=collector.endpoint)
+    engine = llm.llm_engine
+    memory = InMemorySpanExporter()
+    engine.tracer.add_span_processor(SimpleSpanProcessor(memory))
+    outputs = _run(engine, {
+        "traced": (list(range(200, 211)), SamplingParams(temperature=0.7, top_p=0.9, max_tokens=6,
+                                                         ignore_eos=True, seed=1), HEADERS),
+        "untraced": (list(range(300, 305)), SamplingParams(max_tokens=3, ignore_eos=True), None),
+    })
+    assert engine.tracer.force_flush()
+    attributes = collector.attributes
+    spans = {attributes(s)["gen_ai.request.id"]: s for s in collector.spans}
     assert sorted(spans) == ["traced", "untraced"]
     assert {s.name for s in spans.values()} == {"llm_request"}
     assert len(memory.get_finished_spans()) == 2
@@ -124,7 +52,7 @@ def test_spans_reach_a_real_otlp_collector(tiny_model_dir, monkeypatch, protocol
     m = output.metrics
     assert span.start_time_unix_nano == int(m.arrival_time * 1e9)
     assert span.end_time_unix_nano == int(m.finished_time * 1e9)
-    assert _attributes(span) == {
+    assert attributes(span) == {
         "gen_ai.response.model": tiny_model_dir,
         "gen_ai.request.id": "traced",
         "gen_ai.request.temperature": 0.7,
@@ -142,7 +70,7 @@ def test_spans_reach_a_real_otlp_collector(tiny_model_dir, monkeypatch, protocol
         "gen_ai.latency.time_in_model_execute": m.model_execute_time,
     }
     memory_span = next(s for s in memory.get_finished_spans() if s.attributes["gen_ai.request.id"] == "traced")
-    assert dict(memory_span.attributes) == _attributes(span)
+    assert dict(memory_span.attributes) == attributes(span)
 
 
 def test_trace_headers_without_tracing_warn_once(tiny_model_dir, caplog):
