@@ -56,12 +56,12 @@ def test_completion_and_chat(server, client, model):
 
 
 def test_streamed_equals_non_streamed(client, model):
-    kwargs = dict(model=model, prompt=PROMPT, max_tokens=24, temperature=0)
+    kwargs = dict(model=model, prompt=PROMPT, max_tokens=16, temperature=0)
     whole = client.completions.create(**kwargs).choices[0]
     pieces = list(client.completions.create(stream=True, **kwargs))
     assert "".join(p.choices[0].text for p in pieces if p.choices) == whole.text
     assert [p.choices[0].finish_reason for p in pieces if p.choices][-1] == whole.finish_reason
-    chat_kwargs = dict(model=model, messages=MESSAGES, max_tokens=24, temperature=0)
+    chat_kwargs = dict(model=model, messages=MESSAGES, max_tokens=16, temperature=0)
     reply = client.chat.completions.create(**chat_kwargs).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, **chat_kwargs))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -106,17 +106,17 @@ def test_n2_with_logprobs(client, model):
 def test_echo_stop_seed_and_vllm_extras(client, model):
     echoed = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
     assert echoed.choices[0].text.startswith(PROMPT) and len(echoed.choices[0].text) > len(PROMPT)
-    free = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0,
+    free = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0,
                                      extra_body={"ignore_eos": True}).choices[0].text
     stop = free.strip()[-3:]
-    stopped = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop],
+    stopped = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                                         extra_body={"ignore_eos": True}).choices[0]
     assert stopped.finish_reason == "stop" and stop not in stopped.text and free.startswith(stopped.text)
-    seeded = [client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=123,
+    seeded = [client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=123,
                                         extra_body={"top_k": 50, "min_p": 0.01, "repetition_penalty": 1.1,
-                                                    "min_tokens": 12}).choices[0].text for _ in range(2)]
+                                                    "min_tokens": 8}).choices[0].text for _ in range(2)]
     assert seeded[0] == seeded[1]
-    kept = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop],
+    kept = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                                      extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
     assert kept.choices[0].text == stopped.text + stop
 

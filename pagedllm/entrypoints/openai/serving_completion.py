@@ -1,6 +1,7 @@
 """POST /v1/completions: prompts in, one choice per prompt and sample, whole or as server-sent events."""
 from __future__ import annotations
 
+import functools
 from typing import AsyncIterator, Optional, Union
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -46,9 +47,8 @@ class OpenAIServingCompletion(OpenAIServing):
         builder = _ChoiceBuilder(request, prompts, TokenNamer(self.tokenizer, request.return_tokens_as_token_ids),
                                  self.tokenizer)
         if request.stream:
-            return StreamingResponse(event_stream(await start_stream(outputs),
-                                                  lambda items: self._chunks(request_id, model, request, builder,
-                                                                             items)),
+            to_chunks = functools.partial(self._chunks, request_id, model, request, builder)
+            return StreamingResponse(event_stream(await start_stream(outputs), to_chunks),
                                      media_type="text/event-stream")
         finals: dict[int, RequestOutput] = {}
         async for index, output in outputs:
