@@ -223,6 +223,9 @@ class EngineArgs:
             raise ValueError(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be non-negative, got {self.swap_space}.")
+        if self.preemption_mode == "swap" and self.swap_space == 0:
+            raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
+                             "blocks).")
         cache_config = CacheConfig(
             block_size=self.block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
