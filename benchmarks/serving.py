@@ -199,6 +199,7 @@ def main() -> None:
             process.wait(timeout=60)
 
     report = {"workload": {**workload, "num_requests": num_requests}, "server": summarize(results, duration)}
+    print(json.dumps(report["server"]), file=sys.stderr, flush=True)
     if not args.no_baseline:
         report["offline_baseline"] = offline_baseline(requests, engine_flags)
         report["server_vs_offline_output_tokens_per_s"] = (report["server"]["output_tokens_per_s"]

@@ -121,6 +121,22 @@ def test_echo_stop_seed_and_vllm_extras(client, model):
     assert kept.choices[0].text == stopped.text + stop
 
 
+def test_guided_decoding(client, model):
+    choices = ["apple pie", "banana", "cherry tart"]
+    picked = client.completions.create(model=model, prompt="My favourite dessert is", max_tokens=10,
+                                       temperature=1.0, seed=3, extra_body={"guided_choice": choices})
+    assert picked.choices[0].text in choices
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["age"]}
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "How old is the moon? Answer in JSON."}], max_tokens=30,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "age", "schema": schema}})
+    value = json.loads(reply.choices[0].message.content)
+    assert set(value) == {"age"} and 0 <= value["age"] <= 120
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt="x", extra_body={"guided_regex": "(unclosed"})
+
+
 def test_64_concurrent_requests_complete(server, model):
     async def run():
         async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key,
@@ -145,7 +161,7 @@ def test_64_concurrent_requests_complete(server, model):
     (dict(prompt=[10**9]), 400, "out of vocabulary"),
     (dict(prompt=[]), 400, "empty"),
     (dict(extra_body={"min_tokens": 20}, max_tokens=10), 400, "min_tokens"),
-    (dict(extra_body={"guided_regex": "a+"}), 400, "Guided decoding"),
+    (dict(extra_body={"guided_regex": "a+", "guided_choice": ["a"]}), 400, "one kind of guided decoding"),
     (dict(max_tokens="many"), 400, "max_tokens"),
     (dict(model="no-such-model"), 404, "does not exist"),
 ])
@@ -198,10 +214,9 @@ def _aborted(server, engine_request_id: str, timeout: float = 20.0) -> bool:
     return False
 
 
-def _running_gauge(server) -> float | None:
+def _running_gauge(server) -> float:
     text = httpx.get(f"{server.url}/metrics").text
-    match = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    return float(re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE).group(1))
 
 
 def test_disconnected_clients_abort_their_requests(server, model):
@@ -212,14 +227,17 @@ def test_disconnected_clients_abort_their_requests(server, model):
             lines = response.iter_lines()
             first = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: "):])
             assert first["id"] == "cmpl-gone-stream"
+            assert _running_gauge(server) >= 1
     assert _aborted(server, "cmpl-gone-stream-0")
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server.url}/v1/chat/completions", timeout=1.5,
                    headers={"Authorization": f"Bearer {server.api_key}"}, json={"model": model, "messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True,
                          "request_id": "gone-whole"})
     assert _aborted(server, "chatcmpl-gone-whole")
-    gauge = _running_gauge(server)
-    assert gauge in (None, 0.0)  # once the engine exports its metrics, nothing is left running
+    deadline = time.monotonic() + 10
+    while _running_gauge(server) != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running_gauge(server) == 0.0
 
 
 def test_server_stays_healthy(server, client, model):

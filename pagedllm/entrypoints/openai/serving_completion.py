@@ -42,7 +42,8 @@ class OpenAIServingCompletion(OpenAIServing):
         for i, prompt in enumerate(prompts):
             max_tokens = self.max_tokens(len(prompt["prompt_token_ids"]), request.max_tokens)
             params = to_sampling_params(request, self.default_params, max_tokens, request.logprobs, prompt_logprobs)
-            streams.append(self.engine.generate(prompt, params, f"{request_id}-{i}", priority=request.priority))
+            streams.append(self.engine.generate(prompt, params, f"{request_id}-{i}", priority=request.priority,
+                                                trace_headers=self.trace_headers(raw_request)))
         outputs = until_disconnected(merge_async_iterators(*streams), raw_request)
         builder = _ChoiceBuilder(request, prompts, TokenNamer(self.tokenizer, request.return_tokens_as_token_ids),
                                  self.tokenizer)
