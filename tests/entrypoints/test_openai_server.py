@@ -231,7 +231,8 @@ def test_disconnected_clients_abort_their_requests(server, model):
     assert _aborted(server, "cmpl-gone-stream-0")
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server.url}/v1/chat/completions", timeout=1.5,
-                   headers={"Authorization": f"Bearer {server.api_key}"}, json={"model": model, "messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True,
+                   headers={"Authorization": f"Bearer {server.api_key}"},
+                   json={"model": model, "messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True,
                          "request_id": "gone-whole"})
     assert _aborted(server, "chatcmpl-gone-whole")
     deadline = time.monotonic() + 10

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from typing import AsyncIterator, Optional, Union
+from typing import AsyncIterator, Union
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
