@@ -223,6 +223,9 @@ class EngineArgs:
             raise ValueError(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be non-negative, got {self.swap_space}.")
+        if self.preemption_mode == "swap" and self.swap_space == 0:
+            raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
+                             "blocks).")
         cache_config = CacheConfig(
             block_size=self.block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
@@ -319,3 +322,10 @@ def _default_kv_cache_memory() -> int:
         return int(float(env) * _GiB)
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(_DEFAULT_CPU_KV_CACHE_GIB * _GiB, total // 4)
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """EngineArgs for `AsyncLLMEngine`, plus whether to log each request's arrival and abort."""
+
+    disable_log_requests: bool = False

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+# Each cache tensor is [kv_heads, num_blocks, block_size, head_dim]: blocks sit on this dimension.
+BLOCK_DIM = 1
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """One step on one worker: lay out the batch, run the model over the paged cache, sample."""
 from __future__ import annotations
 
+import time
 from typing import NamedTuple, Optional
 
 import torch
@@ -27,6 +28,7 @@ class ModelRunnerOutput(NamedTuple):
     sampled_token_ids: dict[str, int]
     logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
+    model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
 
 
 class ModelRunner:
@@ -54,13 +56,18 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return ModelRunnerOutput({}, {}, {})
         batch = build_model_input(scheduler_output.scheduled, self.block_size, self.device)
+        start = time.perf_counter()
         hidden = self.model(self.model.embed(batch.input_ids), batch.positions, self.kv_caches, batch.attn_metadata)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
+        forward_ms = (time.perf_counter() - start) * 1000
         prompt_logprobs = self._prompt_logprobs(batch, hidden)
         sampling = [batch.requests[i] for i in batch.sample_rows]
         if not sampling:
-            return ModelRunnerOutput({}, {}, prompt_logprobs)
+            return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
         logits = self.model.compute_logits(hidden[batch.sample_token_indices])
-        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device)
+        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device,
+                                      scheduler_output.grammar_bitmasks)
         out = self.sampler(logits, meta)
         ids = [r.request_id for r in sampling]
         logprobs = {}
@@ -71,7 +78,7 @@ class ModelRunner:
                     logprobs[request.request_id] = TokenLogprobs(
                         [out.logprob_token_ids[row, :k + 1].tolist()], [out.logprobs[row, :k + 1].tolist()],
                         [int(out.sampled_ranks[row])])
-        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs)
+        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs, forward_ms)
 
     def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
         for request in requests:
