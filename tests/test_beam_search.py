@@ -1,7 +1,6 @@
 """LLM.beam_search against Hugging Face transformers' beam search on the same weights."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -10,19 +9,6 @@ from pagedllm import BeamSearchParams
 
 PROMPTS = ["The history of the city of Paris begins", "Machine learning is a field of study that",
            "The best way to bake bread at home is", "In the year 1900, the largest cities in the world were"]
-
-
-@pytest.fixture(scope="module")
-def hf_model(default_model):
-    from transformers import AutoConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, name = os.path.split(default_model)
-    model = LlamaForCausalLM(AutoConfig.from_pretrained(folder, gguf_file=name))
-    tensors = load_gguf_checkpoint(default_model, return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    model.tie_weights()
-    return model.eval()
 
 
 def _hf_beams(model, prompt_ids, eos, width, max_tokens):
