@@ -1,7 +1,6 @@
 """LLM.beam_search against Hugging Face transformers' beam search on the same weights."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
