@@ -1,5 +1,6 @@
 """pagedllm: an LLM inference and serving engine with vLLM's public API."""
-from pagedllm.config import EngineArgs
+from pagedllm.config import AsyncEngineArgs, EngineArgs
+from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.engine.llm import LLM
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.inputs import PromptType, TextPrompt, TokensPrompt
@@ -9,7 +10,8 @@ from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, Sampli
 __version__ = "0.1.0"
 
 __all__ = [
-    "LLM", "LLMEngine", "EngineArgs", "SamplingParams", "BeamSearchParams", "RequestOutputKind",
+    "LLM", "LLMEngine", "AsyncLLMEngine", "EngineArgs", "AsyncEngineArgs", "SamplingParams", "BeamSearchParams",
+    "RequestOutputKind",
     "RequestOutput", "CompletionOutput", "PoolingRequestOutput", "RequestMetrics", "Logprob",
     "PromptType", "TextPrompt", "TokensPrompt", "__version__",
 ]

@@ -20,7 +20,11 @@ PromptLogprobs = list[Optional[dict[int, Logprob]]]
 
 @dataclass
 class RequestMetrics:
-    """Timestamps (time.time()) and durations of one request's life."""
+    """Timestamps (time.time()) and durations of one request's life.
+
+    Durations are in seconds, except `model_forward_time`, in milliseconds as vLLM reports it;
+    `scheduler_time`, `model_forward_time` and `model_execute_time` add up over the steps the request ran in.
+    """
 
     arrival_time: float
     last_token_time: float

@@ -27,6 +27,49 @@ class RequestOutputKind(enum.Enum):
     FINAL_ONLY = 2  # one output, when the request finishes
 
 
+@dataclass
+class GuidedDecodingParams:
+    """Constrain the output to a JSON schema, a regex, one of some choices, an EBNF grammar or any JSON object.
+
+    Exactly one of `json`, `regex`, `choice`, `grammar`, `json_object` is set. `backend` may be None, "auto"
+    or "xgrammar" (the only backend), optionally with options after a colon ("xgrammar:disable-any-whitespace").
+    """
+
+    json: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+    backend: Optional[str] = None
+    backend_was_auto: bool = False
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: Optional[str] = None
+    structural_tag: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        kinds = [name for name in _GUIDE_KINDS if getattr(self, name) not in (None, False)]
+        if len(kinds) > 1:
+            raise ValueError(f"You can only use one kind of guided decoding but multiple are specified: {kinds}.")
+        if not kinds:
+            raise ValueError(f"guided_decoding must specify one of {', '.join(_GUIDE_KINDS)}.")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("guided_decoding choice must be a non-empty list of strings.")
+        name, _, options = (self.backend or "auto").partition(":")
+        if name not in ("auto", "xgrammar"):
+            raise ValueError(f"guided_decoding backend must be 'auto' or 'xgrammar', got {self.backend!r}.")
+        if "disable-any-whitespace" in options.split(","):
+            self.disable_any_whitespace = True
+
+    @property
+    def kind(self) -> str:
+        return next(name for name in _GUIDE_KINDS if getattr(self, name) not in (None, False))
+
+
+_GUIDE_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
 class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
@@ -62,12 +105,14 @@ class SamplingParams:
     logits_processors: Optional[list[LogitsProcessor]] = None
     truncate_prompt_tokens: Optional[int] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    guided_decoding: Any = None
+    guided_decoding: Optional[GuidedDecodingParams] = None
     logit_bias: Optional[dict[int, float]] = None
     allowed_token_ids: Optional[list[int]] = None
     extra_args: Optional[dict[str, Any]] = None
     # Filled by the engine from the model's generation config: EOS ids beyond the tokenizer's.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Filled by the engine from the tokenizer: each bad word as token ids, with and without a leading space.
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -76,6 +121,9 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.bad_words = list(self.bad_words or [])
+        if isinstance(self.guided_decoding, dict):
+            self.guided_decoding = GuidedDecodingParams(**self.guided_decoding)
+        self._verify_types()
         if self.best_of is not None and self.best_of < self.n:
             raise ValueError(f"best_of must be greater than or equal to n, got n={self.n} and best_of={self.best_of}.")
         if 0 < self.temperature < _MIN_TEMPERATURE:
@@ -84,6 +132,7 @@ class SamplingParams:
                 self.temperature, _MIN_TEMPERATURE, _MIN_TEMPERATURE)
             self.temperature = _MIN_TEMPERATURE
         if self.logit_bias is not None:
+            self._verify_logit_bias()
             self.logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in self.logit_bias.items()}
         self._verify()
         if self.temperature < _SAMPLING_EPS:
@@ -116,27 +165,66 @@ class SamplingParams:
             (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens",
              f"must be >= 1, got {self.truncate_prompt_tokens}."),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "must contain only non-empty strings."),
+            (not self.stop or self.detokenize, "stop", "strings are only supported when detokenize is True."),
+            (all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words",
+             "must contain only non-empty strings."),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
              "must contain only non-negative integers."),
             (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids",
              "must not be empty."),
+            (self.allowed_token_ids is None or all(isinstance(t, int) for t in self.allowed_token_ids),
+             "allowed_token_ids", "must contain only integers."),
+            (all(callable(p) for p in self.logits_processors or []), "logits_processors",
+             "must contain only callables."),
+            (self.guided_decoding is None or isinstance(self.guided_decoding, GuidedDecodingParams),
+             "guided_decoding", f"must be GuidedDecodingParams, got {type(self.guided_decoding).__name__}."),
             (isinstance(self.output_kind, RequestOutputKind), "output_kind",
              f"must be a RequestOutputKind, got {self.output_kind!r}."),
         ]
         for ok, name, message in checks:
             if not ok:
                 raise ValueError(f"{name} {message}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}.")
         if self.best_of is not None and self.best_of > 1 and self.temperature < _SAMPLING_EPS:
             raise ValueError("best_of must be 1 when using greedy sampling (temperature=0), "
                              f"got best_of={self.best_of}.")
+
+    def _verify_types(self) -> None:
+        """Integers must be integers (a float n or a string seed is a ValueError, as in vLLM)."""
+        for name in ("n", "best_of", "top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+                     "truncate_prompt_tokens", "seed"):
+            value = getattr(self, name)
+            optional = name not in ("n", "top_k", "min_tokens")
+            if (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool)):
+                continue
+            raise ValueError(f"{name} must be an int, but is of type {type(value).__name__}.")
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+                     "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, but is of type {type(value).__name__}.")
 
     @property
     def sampling_type(self) -> SamplingType:
         if self.temperature < _SAMPLING_EPS:
             return SamplingType.GREEDY
         return SamplingType.RANDOM_SEED if self.seed is not None else SamplingType.RANDOM
+
+    def _verify_logit_bias(self) -> None:
+        for token, bias in self.logit_bias.items():
+            try:
+                int(token), float(bias)
+            except (TypeError, ValueError):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {token!r}: {bias!r}.") from None
+
+    def update_from_tokenizer(self, tokenizer: Any) -> None:
+        """Tokenize the bad words, each alone and after a space (where that is a different token sequence)."""
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        self.bad_words_token_ids = sequences
 
     def clone(self) -> "SamplingParams":
         """A copy that shares the (possibly unpicklable) logits processors."""
@@ -160,3 +248,11 @@ class BeamSearchParams:
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be an integer of at least 1, got {self.beam_width!r}.")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer of at least 1, got {self.max_tokens!r}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")

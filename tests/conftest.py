@@ -1,7 +1,12 @@
-"""Shared fixtures: one engine on the real default model per session, and tiny random-weight models."""
+"""Shared fixtures: one engine on the real default model per session, tiny random-weight models, and a real
+OTLP trace collector."""
 from __future__ import annotations
 
 import os
+import threading
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -44,6 +49,85 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> str:
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+class OTLPCollector:
+    """Spans received over OTLP (gRPC or HTTP/protobuf) by a collector on 127.0.0.1."""
+
+    def __init__(self, protocol: str) -> None:
+        self.spans: list = []
+        self._lock = threading.Lock()
+        self.endpoint, self.stop = (self._serve_grpc() if protocol == "grpc" else self._serve_http())
+
+    def _add(self, request) -> None:
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                for scope_spans in resource_spans.scope_spans:
+                    self.spans.extend(scope_spans.spans)
+
+    def _serve_grpc(self) -> tuple[str, Callable[[], None]]:
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+        collector = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):  # noqa: N802 - the OTLP service's method name
+                collector._add(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        return f"http://127.0.0.1:{port}", lambda: server.stop(None)
+
+    def _serve_http(self) -> tuple[str, Callable[[], None]]:
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's method name
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+                collector._add(request)
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+
+        return f"http://127.0.0.1:{server.server_address[1]}/v1/traces", stop
+
+    @staticmethod
+    def attributes(span) -> dict:
+        return {kv.key: getattr(kv.value, kv.value.WhichOneof("value")) for kv in span.attributes}
+
+
+@pytest.fixture
+def otlp_collector() -> Iterator[Callable[[str], OTLPCollector]]:
+    """`otlp_collector("grpc" | "http/protobuf")` starts a collector that stops when the test ends."""
+    started: list[OTLPCollector] = []
+
+    def start(protocol: str) -> OTLPCollector:
+        started.append(OTLPCollector(protocol))
+        return started[-1]
+
+    yield start
+    for collector in started:
+        collector.stop()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from pagedllm.sampling_params import SamplingParams
 
@@ -10,7 +10,8 @@ from pagedllm.sampling_params import SamplingParams
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
     RUNNING = enum.auto()
-    PREEMPTED = enum.auto()
+    PREEMPTED = enum.auto()  # by recompute: back in the waiting queue
+    SWAPPED = enum.auto()  # preempted by swapping its blocks to host memory
     # Everything from here on is finished.
     FINISHED_STOPPED = enum.auto()
     FINISHED_LENGTH_CAPPED = enum.auto()
@@ -40,7 +41,8 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  arrival_time: float, eos_token_id: Optional[int] = None, priority: int = 0,
-                 lora_request: Any = None, prompt_embeds: Any = None) -> None:
+                 lora_request: Any = None, prompt_embeds: Any = None,
+                 trace_headers: Optional[Mapping[str, str]] = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.sampling_params = sampling_params
@@ -49,11 +51,13 @@ class Request:
         self.priority = priority
         self.lora_request = lora_request
         self.prompt_embeds = prompt_embeds
+        self.trace_headers = trace_headers  # W3C trace context to parent the request's span on
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
         self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chain hashes of its full blocks, filled by the prefix cache
         self.status = RequestStatus.WAITING
         self.stop_reason: Any = None
 

@@ -1,20 +1,29 @@
 """Iteration-level scheduling: each step, which requests compute how many of their tokens.
 
 A request knows how many of its tokens exist and how many are computed; every step hands out tokens
-within a budget so that the second count catches up with the first. Running requests go first (oldest
-first); when the cache has no room for one, the most recently added running request is preempted by
-recompute and goes back to the front of the waiting queue. Waiting requests are admitted only in steps
-that preempted nothing.
+within a budget so that the second count catches up with the first. That covers chunked prefill (a long
+prompt takes several steps), prefix-cache hits (counted as computed on admission) and preemption by
+recompute (the count drops to zero).
+
+One step, in order:
+1. Under the priority policy, running requests worse than the best waiting one are preempted while that
+   one cannot be admitted.
+2. Running requests (decodes before partial prefills) get their tokens; when the cache has no room for
+   one, the newest running request (under priority: the worst) is preempted, by recompute or by swap.
+3. In a step that preempted nothing for lack of room, swapped-out requests come back, then waiting
+   requests are admitted (never ahead of a swapped-out request that comes first), each while the token
+   budget, `max_num_seqs` and the free blocks beyond the watermark last.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from pagedllm.config import SchedulerConfig
-from pagedllm.core.kv_cache import KVCacheManager
+from pagedllm.core.kv_cache import KVCacheManager, PrefixHit
 from pagedllm.core.request import Request, RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -32,6 +41,12 @@ class SchedulerOutput:
     ignored: list[Request] = field(default_factory=list)
     # Requests finished since the previous step, so workers can drop their per-request state.
     finished_req_ids: set[str] = field(default_factory=set)
+    # Block copies to do before the forward pass: (device, host) out, (host, device) in. A step never
+    # does both, so no block is read and written by the two directions.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Guided requests that sample this step -> packed bitmask of their allowed tokens (set by the engine).
+    grammar_bitmasks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -48,92 +63,184 @@ class Scheduler:
         self.kv_cache = kv_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._priority = config.policy == "priority"
+        self._swap = config.preemption_mode == "swap"
         self._finished_req_ids: set[str] = set()
 
     def add_request(self, request: Request) -> None:
-        self.waiting.append(request)
+        self._enqueue(self.waiting, request)
         self.requests[request.request_id] = request
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def _key(self, request: Request) -> tuple[float, ...]:
+        """Queue order: lower first."""
+        return (request.priority, request.arrival_time) if self._priority else (request.arrival_time,)
+
+    def _enqueue(self, queue: deque[Request], request: Request, front: bool = False) -> None:
+        """FCFS waiting: arrival order, preempted ones at the front; otherwise ordered by key."""
+        if queue is self.waiting and not self._priority:
+            queue.appendleft(request) if front else queue.append(request)
+        elif front:
+            bisect.insort_left(queue, request, key=self._key)
+        else:
+            bisect.insort_right(queue, request, key=self._key)
+
+    # --- the step -----------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput([])
         budget = self.config.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
-        preempted: list[Request] = []
-        i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
-            num_new = self._num_new_tokens(request, budget)
-            if num_new == 0:
-                break
-            if not self._allocate_or_preempt(request, num_new, preempted):
-                break
-            scheduled.append((request, num_new))
-            budget -= num_new
-            i += 1
-        ignored: list[Request] = []
-        if not preempted:
-            budget = self._admit_waiting(budget, scheduled, ignored)
-        finished, self._finished_req_ids = self._finished_req_ids, set()
-        return SchedulerOutput(scheduled, preempted, ignored, finished)
+        if self._priority:
+            self._preempt_for_waiting(out, budget)
+        num_preempted = len(out.preempted)
+        budget = self._schedule_running(out, budget)
+        if len(out.preempted) == num_preempted:
+            if not out.blocks_to_swap_out:
+                budget = self._schedule_swapped(out, budget)
+            self._schedule_waiting(out, budget)
+        out.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
+        return out
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens - request.num_computed_tokens
+    def _num_new_tokens(self, request: Request, budget: int, num_computed: int) -> int:
+        num_new = request.num_tokens - num_computed
         if num_new > budget:
             return budget if self.config.enable_chunked_prefill else 0
         return num_new
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
-        """Find room for `request`, preempting from the back of the running list; False if it was itself
-        preempted."""
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Decodes first, then partial prefills; preempt when the cache has no room."""
+        order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
+        scheduled: set[str] = set()
+        for request in order:
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = self._num_new_tokens(request, budget, request.num_computed_tokens)
+            if num_new == 0 or not self._allocate_or_preempt(request, num_new, scheduled, out):
+                continue
+            scheduled.add(request.request_id)
+            out.scheduled.append((request, num_new))
+            budget -= num_new
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, scheduled: set[str],
+                             out: SchedulerOutput) -> bool:
+        """Find room for `request` by preempting requests not yet scheduled this step; False if it was
+        itself preempted."""
         while not self.kv_cache.allocate_slots(request, num_new):
-            victim = self.running.pop()
-            self._preempt(victim)
-            preempted.append(victim)
+            victim = self._pick_victim([r for r in self.running if r.request_id not in scheduled])
+            self._preempt(victim, out)
             if victim is request:
                 return False
         return True
 
-    def _admit_waiting(self, budget: int, scheduled: list[tuple[Request, int]], ignored: list[Request]) -> int:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            if not self.kv_cache.can_ever_fit(request.num_tokens):
-                logger.warning("Request %s needs %d tokens of KV cache but the cache holds only %d; it is "
-                               "finished without output.", request.request_id, request.num_tokens,
-                               (self.kv_cache.num_blocks - self.kv_cache.watermark_blocks) *
-                               self.kv_cache.block_size)
-                self.waiting.popleft()
-                self._finish(request, RequestStatus.FINISHED_IGNORED)
-                ignored.append(request)
-                continue
-            num_new = self._num_new_tokens(request, budget)
-            if num_new == 0 or not self.kv_cache.can_admit(request, num_new):
-                break
-            self.kv_cache.allocate_slots(request, num_new)
-            self.waiting.popleft()
-            self.running.append(request)
-            request.status = RequestStatus.RUNNING
-            scheduled.append((request, num_new))
-            budget -= num_new
-        return budget
+    def _pick_victim(self, candidates: list[Request]) -> Request:
+        return max(candidates, key=self._key) if self._priority else candidates[-1]
 
-    def _preempt(self, request: Request) -> None:
-        self.kv_cache.free(request)
-        request.num_computed_tokens = 0
-        request.status = RequestStatus.PREEMPTED
-        self.waiting.appendleft(request)
+    def _preempt_for_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        """Preempt the worst running requests while the best waiting one is better and has no room."""
+        while self.waiting and self.running:
+            head, victim = self.waiting[0], self._pick_victim(self.running)
+            if self._key(victim) <= self._key(head) or not self.kv_cache.can_ever_fit(head.num_tokens):
+                return
+            hit = self.kv_cache.find_prefix(head)
+            num_new = self._num_new_tokens(head, budget, hit.num_tokens)
+            if (len(self.running) < self.config.max_num_seqs
+                    and self.kv_cache.can_allocate(head, num_new, hit, reserve=True)):
+                return
+            self._preempt(victim, out)
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        out.preempted.append(request)
+        pairs = self.kv_cache.swap_out(request) if self._swap else None
+        if pairs is not None:
+            out.blocks_to_swap_out.extend(pairs)
+            request.status = RequestStatus.SWAPPED
+            self._enqueue(self.swapped, request)
+        else:
+            self.kv_cache.free(request)
+            request.num_computed_tokens = 0
+            request.status = RequestStatus.PREEMPTED
+            self._enqueue(self.waiting, request, front=True)
         self.num_preemptions += 1
         if self.num_preemptions % PREEMPTION_WARNING_INTERVAL == 1:
             logger.warning(
-                "Request %s was preempted for lack of KV cache space and will be recomputed (%d preemptions so "
-                "far). Give the cache more room with kv_cache_memory (or VLLM_CPU_KVCACHE_SPACE) on CPU, "
-                "gpu_memory_utilization on GPU, or lower max_num_seqs.", request.request_id, self.num_preemptions)
+                "Request %s was preempted for lack of KV cache space and will be %s (%d preemptions so far). "
+                "Give the cache more room with kv_cache_memory (or VLLM_CPU_KVCACHE_SPACE) on CPU, "
+                "gpu_memory_utilization on GPU, or lower max_num_seqs.", request.request_id,
+                "swapped back in" if pairs is not None else "recomputed", self.num_preemptions)
+
+    def _swapped_first(self) -> bool:
+        """Whether the swapped-out queue goes before the waiting one this turn."""
+        if not self.swapped:
+            return False
+        return not (self._priority and self.waiting) or self._key(self.swapped[0]) <= self._key(self.waiting[0])
+
+    def _has_room_for_another(self, budget: int) -> bool:
+        return budget > 0 and len(self.running) < self.config.max_num_seqs
+
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+        while self._swapped_first() and self._has_room_for_another(budget):
+            request = self.swapped[0]
+            if self._ignore_if_never_fits(self.swapped, out):
+                continue
+            num_new = self._num_new_tokens(request, budget, request.num_computed_tokens)
+            pairs = self.kv_cache.swap_in(request, num_new) if num_new else None
+            if pairs is None:
+                break
+            out.blocks_to_swap_in.extend(pairs)
+            budget = self._start_running(self.swapped, num_new, out, budget)
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+        while self.waiting and not self._swapped_first() and self._has_room_for_another(budget):
+            request = self.waiting[0]
+            if self._ignore_if_never_fits(self.waiting, out):
+                continue
+            hit = self.kv_cache.find_prefix(request)
+            num_new = self._num_new_tokens(request, budget, hit.num_tokens)
+            if num_new == 0 or not self.kv_cache.allocate_slots(request, num_new, hit, reserve=True):
+                break
+            self._take_hit(request, hit)
+            budget = self._start_running(self.waiting, num_new, out, budget)
+        return budget
+
+    def _take_hit(self, request: Request, hit: PrefixHit) -> None:
+        request.num_computed_tokens = hit.num_tokens
+        if request.status == RequestStatus.WAITING:  # first scheduling; a preempted one keeps its count
+            request.num_cached_tokens = hit.num_tokens
+
+    def _start_running(self, queue: deque[Request], num_new: int, out: SchedulerOutput, budget: int) -> int:
+        request = queue.popleft()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        out.scheduled.append((request, num_new))
+        return budget - num_new
+
+    def _ignore_if_never_fits(self, queue: deque[Request], out: SchedulerOutput) -> bool:
+        """Finish the head of `queue` if the whole cache could never hold it."""
+        request = queue[0]
+        if self.kv_cache.can_ever_fit(request.num_tokens):
+            return False
+        logger.warning("Request %s needs %d tokens of KV cache but the cache holds only %d; it is finished "
+                       "without further output.", request.request_id, request.num_tokens,
+                       (self.kv_cache.num_blocks - self.kv_cache.watermark_blocks) * self.kv_cache.block_size)
+        queue.popleft()
+        self._finish(request, RequestStatus.FINISHED_IGNORED)
+        out.ignored.append(request)
+        return True
+
+    # --- after the step -----------------------------------------------------------------------------------
 
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> None:
         """Advance computed counts by the step's tokens and append each sampled token."""
@@ -150,10 +257,8 @@ class Scheduler:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 continue
-            if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
-            else:
-                self.waiting.remove(request)
+            queues = {RequestStatus.RUNNING: self.running, RequestStatus.SWAPPED: self.swapped}
+            queues.get(request.status, self.waiting).remove(request)
             self._finish(request, status)
             finished.append(request)
         return finished

@@ -5,10 +5,11 @@ import itertools
 from typing import Any, Optional, Sequence, Union
 
 from pagedllm.config import EngineArgs
+from pagedllm.engine.beam_search import BeamSearchOutput, beam_search
 from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.inputs import PromptType
-from pagedllm.outputs import RequestOutput
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.outputs import Logprob, RequestOutput
+from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
 
@@ -69,6 +70,31 @@ class LLM:
             **(chat_template_kwargs or {}))} for conversation in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
+    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams,
+                    lora_request: Any = None, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search for each prompt; each output holds beam_width sequences, the best first."""
+        token_lists = []
+        for prompt in prompts:
+            parsed = parse_prompt(prompt)
+            token_lists.append(parsed.token_ids if parsed.token_ids is not None
+                               else self.get_tokenizer().encode(parsed.text))
+        step_params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=2 * params.beam_width,
+                                     ignore_eos=True, detokenize=False)
+        if params.temperature > 0:
+            temperature = params.temperature
+            step_params.logits_processors = [lambda output_ids, logits: logits / temperature]
+
+        def expand(beams: list[list[int]]) -> list[dict[int, Logprob]]:
+            outputs = self.generate([{"prompt_token_ids": tokens} for tokens in beams], step_params,
+                                    use_tqdm=use_tqdm, lora_request=lora_request)
+            return [output.outputs[0].logprobs[0] for output in outputs]
+
+        engine = self.llm_engine
+        eos_ids = ({engine.eos_token_id} | engine.generation_eos_ids()) - {None}
+        tokenizer = engine.tokenizer
+        decode = tokenizer.decode if tokenizer is not None else None
+        return beam_search(token_lists, params, expand, eos_ids, decode)
+
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
         bar = _progress_bar(len(request_ids)) if use_tqdm else None
@@ -88,6 +114,13 @@ class LLM:
         if bar is not None:
             bar.close()
         return [finished[request_id] for request_id in request_ids if request_id in finished]
+
+    def start_profile(self) -> None:
+        """Start the torch profiler (traces go to VLLM_TORCH_PROFILER_DIR or PAGEDLLM_TORCH_PROFILER_DIR)."""
+        self.llm_engine.start_profile()
+
+    def stop_profile(self) -> None:
+        self.llm_engine.stop_profile()
 
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()

@@ -10,9 +10,15 @@ from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.executor import ExecutorBase, executor_class
 from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.metrics.collector import StatsCollector
+from pagedllm.metrics.loggers import StatLoggerBase
+from pagedllm.metrics.setup import default_stat_loggers, request_tracer
+from pagedllm.metrics.tracing import warn_tracing_disabled
 from pagedllm.outputs import RequestOutput
+from pagedllm.sample.guided_decoding import GrammarManager
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer import get_generation_config, get_tokenizer
 
@@ -34,9 +40,30 @@ class LLMEngine:
         block_size = config.cache_config.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens). Engine ready in %.1f s.", num_blocks,
                     block_size, num_blocks * block_size, time.perf_counter() - start)
-        self.scheduler = Scheduler(config.scheduler_config,
-                                   KVCacheManager(num_blocks, block_size, config.scheduler_config.watermark))
+        self.scheduler = Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks))
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
+        stop_ids = sorted(({self.eos_token_id} | self.generation_eos_ids()) - {None})
+        self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
+        self._init_observability(num_blocks)
+
+    def _kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
+        cache, scheduler = self.config.cache_config, self.config.scheduler_config
+        num_swap_blocks = min(self.model_executor.collective_rpc("num_swap_blocks"))
+        if scheduler.preemption_mode == "swap" and num_swap_blocks < 1:
+            raise ValueError(f"swap_space ({cache.swap_space} GiB) holds no KV cache block; raise swap_space "
+                             "or use preemption_mode='recompute'.")
+        return KVCacheManager(num_blocks, cache.block_size, scheduler.watermark,
+                              enable_caching=cache.enable_prefix_caching, num_swap_blocks=num_swap_blocks)
+
+    def _init_observability(self, num_blocks: int) -> None:
+        lora = self.config.lora_config
+        self.stats = StatsCollector(self.scheduler, lambda rid: self.output_processor.states[rid].metrics,
+                                    collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        self.stat_loggers: dict[str, StatLoggerBase] = (
+            default_stat_loggers(self.config, num_blocks) if self.log_stats else {})
+        self.tracer = request_tracer(self.config)
+        if self.tracer is not None:
+            self.stats.on_finished_hooks.append(self.tracer.trace)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
@@ -50,6 +77,10 @@ class LLMEngine:
         executor = getattr(self, "model_executor", None)
         if executor is not None:
             executor.shutdown()
+        for stat_logger in getattr(self, "stat_loggers", {}).values():
+            stat_logger.close()
+        if getattr(self, "tracer", None) is not None:
+            self.tracer.shutdown()
 
     # --- requests -----------------------------------------------------------------------------------------
 
@@ -60,7 +91,7 @@ class LLMEngine:
         """Validate and queue a request; a bad request raises ValueError (or TypeError) and changes nothing."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
-        if request_id in self.output_processor.states:
+        if self.output_processor.is_known(request_id):
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}.")
@@ -70,10 +101,20 @@ class LLMEngine:
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         text, token_ids = self._prompt_token_ids(prompt, tokenization_kwargs)
         params = self._prepare_params(params, token_ids)
-        request = Request(request_id, token_ids, params, arrival_time or time.time(), self.eos_token_id,
-                          priority, lora_request)
-        self.output_processor.add_request(request, text)
-        self.scheduler.add_request(request)
+        if trace_headers and self.tracer is None:
+            warn_tracing_disabled()
+        if params.guided_decoding is not None:
+            self.grammars.compile(params.guided_decoding)  # an invalid schema fails here, before queueing
+        parent = ParentRequest(request_id, params) if ParentRequest.needed(params) else None
+        children = parent.children() if parent is not None else [(0, request_id, params)]
+        for index, child_id, child_params in children:
+            request = Request(child_id, list(token_ids), child_params, arrival_time or time.time(),
+                              self.eos_token_id, priority, lora_request,
+                              trace_headers=trace_headers if self.tracer else None)
+            if child_params.guided_decoding is not None:
+                self.grammars.add_request(child_id, child_params.guided_decoding)
+            self.output_processor.add_request(request, text, (parent, index) if parent is not None else None)
+            self.scheduler.add_request(request)
 
     def _prompt_token_ids(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]
                           ) -> tuple[Optional[str], list[int]]:
@@ -110,10 +151,21 @@ class LLMEngine:
                 f"The decoder prompt (length {len(token_ids)}) is longer than the maximum model length of "
                 f"{max_len}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
         if not params.ignore_eos:
-            params.all_stop_token_ids.update(self._generation_eos_ids())
+            params.all_stop_token_ids.update(self.generation_eos_ids())
+        self._check_token_ids(params)
+        if params.bad_words and self.tokenizer is not None:
+            params.update_from_tokenizer(self.tokenizer)
         if params.max_tokens is None:
             params.max_tokens = max_len - len(token_ids)
         return params
+
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        vocab_size = self.model_config.vocab_size
+        for name, ids in (("allowed_token_ids", params.allowed_token_ids or []),
+                          ("logit_bias", list(params.logit_bias or {}))):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"{name} contains out-of-vocab token ids {bad} (vocabulary size {vocab_size}).")
 
     def _eos_token_id(self) -> Optional[int]:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
@@ -121,7 +173,7 @@ class LLMEngine:
         eos = getattr(self.model_config.hf_config, "eos_token_id", None)
         return eos[0] if isinstance(eos, list) else eos
 
-    def _generation_eos_ids(self) -> set[int]:
+    def generation_eos_ids(self) -> set[int]:
         """EOS ids of the generation config beyond the tokenizer's, which act as stop tokens."""
         eos = getattr(self.generation_config, "eos_token_id", None) if self.generation_config else None
         ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -138,9 +190,12 @@ class LLMEngine:
         return SamplingParams(**{ours: defaults[theirs] for theirs, ours in names.items() if theirs in defaults})
 
     def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        for request in self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED):
-            self.output_processor.finish(request.request_id)
+        given = [request_id] if isinstance(request_id, str) else list(request_id)
+        ids = [rid for user_id in given for rid in self.output_processor.request_ids(user_id)]
+        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        self.output_processor.abort(ids)
+        for rid in ids:
+            self.grammars.remove(rid)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -152,23 +207,87 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule, execute, process: the outputs of this iteration."""
+        start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
-        outputs = [self._finish_ignored(request) for request in scheduler_output.ignored]
+        self.stats.on_schedule(scheduler_output, time.perf_counter() - start)
+        outputs = [output for request in scheduler_output.ignored for output in self._finish_ignored(request)]
+        if scheduler_output.blocks_to_swap_out:
+            self.model_executor.collective_rpc("swap_out", args=(scheduler_output.blocks_to_swap_out,))
+        if scheduler_output.blocks_to_swap_in:
+            self.model_executor.collective_rpc("swap_in", args=(scheduler_output.blocks_to_swap_in,))
         if scheduler_output.is_empty:
+            self.do_log_stats()
             return outputs
+        scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
+            [r.request_id for r, n in scheduler_output.scheduled if r.num_computed_tokens + n == r.num_tokens])
+        start = time.perf_counter()
         result = self.model_executor.execute_model(scheduler_output)
         self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
+        self.stats.on_tokens(scheduler_output, result.sampled_token_ids, time.perf_counter() - start,
+                             result.model_forward_time)
+        for request_id, token_id in result.sampled_token_ids.items():
+            self.grammars.accept(request_id, token_id)
         step_outputs, finished = self.output_processor.process(
             [request for request, _ in scheduler_output.scheduled], result)
         for status in set(finished.values()):
             self.scheduler.finish_requests([rid for rid, s in finished.items() if s == status], status)
         for request_id in finished:
-            self.output_processor.finish(request_id)
+            state = self.output_processor.finish(request_id)
+            self.stats.on_finished(state.request, state.metrics)
+            self.grammars.remove(request_id)
+        self.do_log_stats()
         return outputs + step_outputs
 
-    def _finish_ignored(self, request: Request) -> RequestOutput:
-        state = self.output_processor.finish(request.request_id)
-        return self.output_processor.make_output(state, request.status)
+    def _finish_ignored(self, request: Request) -> list[RequestOutput]:
+        metrics = self.output_processor.states[request.request_id].metrics
+        outputs = self.output_processor.finish_ignored(request)
+        self.grammars.remove(request.request_id)
+        self.stats.on_finished(request, metrics)
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False while requests still hold blocks."""
+        if self.scheduler.kv_cache.reset_prefix_cache():
+            return True
+        logger.warning("Failed to reset the prefix cache: some blocks are still in use by requests.")
+        return False
+
+    # --- stats, tracing, profiling ------------------------------------------------------------------------
+
+    def do_log_stats(self, scheduler_outputs: Any = None, model_output: Any = None, finished_before: Any = None,
+                     skip: Any = None) -> None:
+        """Hand the stats gathered since the last call to every stat logger (the engine calls it each step);
+        the arguments exist for vLLM compatibility and are unused."""
+        if not self.log_stats:
+            return
+        stats = self.stats.make_stats()
+        for stat_logger in self.stat_loggers.values():
+            stat_logger.log(stats)
+
+    def add_logger(self, logger_name: str, logger: StatLoggerBase) -> None:
+        if not self.log_stats:
+            raise RuntimeError("Stat logging is disabled. Set `disable_log_stats=False` argument to enable.")
+        if logger_name in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} already exists.")
+        self.stat_loggers[logger_name] = logger
+
+    def remove_logger(self, logger_name: str) -> None:
+        if not self.log_stats:
+            raise RuntimeError("Stat logging is disabled. Set `disable_log_stats=False` argument to enable.")
+        if logger_name not in self.stat_loggers:
+            raise KeyError(f"Logger with name {logger_name} does not exist.")
+        self.stat_loggers.pop(logger_name).close()
+
+    def is_tracing_enabled(self) -> bool:
+        return self.tracer is not None
+
+    def start_profile(self) -> None:
+        """Start the torch profiler on every worker (needs VLLM_TORCH_PROFILER_DIR or its pagedllm twin)."""
+        self.model_executor.start_profile()
+
+    def stop_profile(self) -> None:
+        """Stop the profiler; each worker writes its trace into the profiler folder."""
+        self.model_executor.stop_profile()
 
     # --- accessors ----------------------------------------------------------------------------------------
 

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
+from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.stop_checker import check_stop, held_back_length
 from pagedllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind
@@ -15,10 +16,12 @@ from pagedllm.worker.model_runner import ModelRunnerOutput, TokenLogprobs
 class RequestState:
     """What the engine keeps of a request beside the scheduler's view: text, logprobs, timings."""
 
-    def __init__(self, request: Request, prompt: Optional[str], tokenizer: Any) -> None:
+    def __init__(self, request: Request, prompt: Optional[str], tokenizer: Any,
+                 parent: Optional[tuple[ParentRequest, int]] = None) -> None:
         params = request.sampling_params
         self.request = request
         self.prompt = prompt
+        self.parent = parent  # (the n > 1 request this one is a sample of, its index)
         self.detokenizer = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, params.skip_special_tokens,
                                                    params.spaces_between_special_tokens)
                             if tokenizer is not None and params.detokenize else None)
@@ -37,57 +40,90 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.states: dict[str, RequestState] = {}
+        self.parents: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}
 
-    def add_request(self, request: Request, prompt: Optional[str]) -> None:
-        self.states[request.request_id] = RequestState(request, prompt, self.tokenizer)
+    def add_request(self, request: Request, prompt: Optional[str],
+                    parent: Optional[tuple[ParentRequest, int]] = None) -> None:
+        self.states[request.request_id] = RequestState(request, prompt, self.tokenizer, parent)
+        if parent is not None:
+            self.parents[parent[0].request_id] = parent[0]
+
+    def is_known(self, request_id: str) -> bool:
+        return request_id in self.states or request_id in self.parents
+
+    def request_ids(self, request_id: str) -> list[str]:
+        """The engine requests behind a user's request id: itself, or the sub-requests of an n > 1 request."""
+        parent = self.parents.get(request_id)
+        if parent is None:
+            return [request_id]
+        return [parent.child_id(i) for i in range(parent.num_children)]
 
     def process(self, requests: list[Request], result: ModelRunnerOutput
                 ) -> tuple[list[RequestOutput], dict[str, RequestStatus]]:
         """Outputs of this step, and the requests that finished with their status."""
-        now = time.time()
         outputs, finished = [], {}
+        parents: dict[str, ParentRequest] = {}
         for request in requests:
             state = self.states[request.request_id]
-            if state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
-                state.metrics.time_in_queue = now - state.metrics.arrival_time
             if request.request_id in result.prompt_logprobs:
-                state.prompt_logprobs.extend(self._logprob_dicts(result.prompt_logprobs[request.request_id]))
+                state.prompt_logprobs.extend(self._logprob_dicts(result.prompt_logprobs[request.request_id],
+                                                                 request.sampling_params.detokenize))
             if request.request_id not in result.sampled_token_ids:
                 continue
-            status = self._add_token(state, result.logprobs.get(request.request_id), now)
+            status = self._add_token(state, result.logprobs.get(request.request_id))
             if status is not None:
                 finished[request.request_id] = status
             output = self.make_output(state, status)
+            if output is not None and state.parent is not None:
+                parent, index = state.parent
+                parent.record(index, output)
+                parents[parent.request_id] = parent
+            elif output is not None:
+                outputs.append(output)
+        return outputs + self._collect(parents.values()), finished
+
+    def finish_ignored(self, request: Request) -> list[RequestOutput]:
+        """The output of a request that was finished without running."""
+        state = self.finish(request.request_id)
+        output = self.make_output(state, request.status)
+        if state.parent is None:
+            return [output]
+        parent, index = state.parent
+        parent.record(index, output)
+        return self._collect([parent])
+
+    def _collect(self, parents: Iterable[ParentRequest]) -> list[RequestOutput]:
+        outputs = []
+        for parent in parents:
+            output = parent.collect()
             if output is not None:
                 outputs.append(output)
-        return outputs, finished
+            if parent.finished:
+                self.parents.pop(parent.request_id, None)
+        return outputs
 
-    def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs], now: float
-                   ) -> Optional[RequestStatus]:
+    def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs]) -> Optional[RequestStatus]:
         request = state.request
         new_text = state.detokenizer.add_token(request.output_token_ids[-1]) if state.detokenizer else ""
         if logprobs is not None and state.logprobs is not None:
-            state.logprobs.extend(self._logprob_dicts(logprobs))
+            state.logprobs.extend(self._logprob_dicts(logprobs, request.sampling_params.detokenize))
             state.cumulative_logprob += logprobs.logprobs[0][0]
-        if state.metrics.first_token_time is None:
-            state.metrics.first_token_time = now
-        state.metrics.last_token_time = now
         status, state.text = check_stop(request, state.text + new_text, len(new_text), self.max_model_len)
         return status
 
-    def _logprob_dicts(self, entry: TokenLogprobs) -> list[dict[int, Logprob]]:
+    def _logprob_dicts(self, entry: TokenLogprobs, detokenize: bool) -> list[dict[int, Logprob]]:
+        """Logprob entries; their decoded_token is None when the request asked for no detokenization."""
         dicts = []
         for ids, values, rank in zip(entry.token_ids, entry.logprobs, entry.ranks):
-            top = {tid: Logprob(value, i, self._decode_token(tid)) for i, (tid, value)
+            top = {tid: Logprob(value, i, self._decode_token(tid, detokenize)) for i, (tid, value)
                    in enumerate(zip(ids[1:], values[1:]), start=1)}
-            top.setdefault(ids[0], Logprob(values[0], rank, self._decode_token(ids[0])))
+            top.setdefault(ids[0], Logprob(values[0], rank, self._decode_token(ids[0], detokenize)))
             dicts.append(top)
         return dicts
 
-    def _decode_token(self, token_id: int) -> Optional[str]:
-        if self.tokenizer is None:
+    def _decode_token(self, token_id: int, detokenize: bool) -> Optional[str]:
+        if self.tokenizer is None or not detokenize:
             return None
         text = self._token_text.get(token_id)
         if text is None:
@@ -132,3 +168,10 @@ class OutputProcessor:
 
     def finish(self, request_id: str) -> Optional[RequestState]:
         return self.states.pop(request_id, None)
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Forget aborted requests, and the n > 1 requests they belong to."""
+        for request_id in request_ids:
+            state = self.finish(request_id)
+            if state is not None and state.parent is not None:
+                self.parents.pop(state.parent[0].request_id, None)

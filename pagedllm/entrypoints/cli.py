@@ -1,11 +1,11 @@
-"""The `pagedllm` command: generate, chat."""
+"""The `pagedllm` command: generate, chat, serve."""
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import Optional
 
-from pagedllm.config import EngineArgs
+from pagedllm.config import AsyncEngineArgs, EngineArgs
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -54,6 +54,24 @@ def chat(args: argparse.Namespace) -> None:
         messages.append({"role": "assistant", "content": reply})
 
 
+def serve(args: argparse.Namespace) -> None:
+    from pagedllm.entrypoints.openai.api_server import run_server
+
+    if args.model_tag is not None:
+        args.model = args.model_tag
+    run_server(args)
+
+
+def _add_serve_parser(commands: argparse._SubParsersAction) -> None:
+    from pagedllm.entrypoints.openai.cli_args import add_server_args
+
+    server = commands.add_parser("serve", help="Start the OpenAI-compatible HTTP server.")
+    server.add_argument("model_tag", nargs="?", default=None, help="The model (same as --model).")
+    add_server_args(server)
+    AsyncEngineArgs.add_cli_args(server)
+    server.set_defaults(handler=serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedllm", description="LLM inference with vLLM's API.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_args(sub)
         EngineArgs.add_cli_args(sub)
         sub.set_defaults(handler=handler, disable_log_stats=True)
+    _add_serve_parser(commands)
     return parser
 
 

@@ -37,6 +37,12 @@ class ExecutorBase(ABC):
     def initialize_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_cache", args=(num_blocks,))
 
+    def start_profile(self) -> None:
+        self.collective_rpc("start_profile")
+
+    def stop_profile(self) -> None:
+        self.collective_rpc("stop_profile")
+
     def check_health(self) -> None:
         """Raise if a worker is unusable."""
         self.collective_rpc("check_health")

@@ -1,19 +1,38 @@
 """Attention over a paged KV cache.
 
-Each layer's cache is a pair of tensors [num_blocks, block_size, kv_heads, head_dim]; a request's tokens
-live in the blocks its block table lists. One step's tokens are laid out prefill sequences first (each a
-run of query tokens, possibly after already cached context), then decode tokens (one per request).
+Each layer's cache is a pair of tensors [kv_heads, num_blocks, block_size, head_dim] (block axis second):
+gathering a batch's blocks along that axis yields keys already laid out [kv_heads, batch, context, d],
+which batched matmuls read without a further copy. A request's tokens live in the blocks its block table
+lists. One step's tokens are laid out prefill sequences first (each a run of query tokens, possibly after
+already cached context), then decode tokens (one per request).
 """
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+KVCache = tuple[torch.Tensor, torch.Tensor]
+# Each cache tensor is [kv_heads, num_blocks, block_size, head_dim]: blocks sit on this dimension.
+BLOCK_DIM = 1
+
+
+@dataclass
+class PrefillGroup:
+    """Consecutive prefill sequences with nothing cached before them and the same length: one causal
+    attention call covers them all."""
+
+    query_start: int
+    num_seqs: int
+    query_len: int
+
 
 @dataclass
 class PrefillSequence:
+    """A prefill chunk that attends to context already in the cache (chunked prefill, prefix hit)."""
+
     query_start: int  # offset of its first query token in the step's flat token list
     query_len: int
     context_len: int  # tokens attended to, the query included
@@ -22,69 +41,88 @@ class PrefillSequence:
 
 @dataclass
 class AttentionMetadata:
-    """How one step's flat token list maps onto sequences and cache slots; built once per step."""
+    """How one step's flat token list maps onto sequences and cache slots; built once per step and shared by
+    every layer."""
 
     slot_mapping: torch.Tensor  # [T] long: flat cache slot of each token's K/V
-    prefills: list[PrefillSequence]
+    prefill_groups: list[PrefillGroup]
+    prefills: list[PrefillSequence]  # those with cached context
     num_prefill_tokens: int
-    decode_block_tables: torch.Tensor  # [B, max_blocks] long, padded with block 0
-    decode_mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] bool: True where a key is visible
+    decode_block_ids: torch.Tensor  # [B * max_blocks] long: each decode's blocks, padded with its first block
+    decode_bias: torch.Tensor  # [B, 1, max_blocks * block_size] float: 0 where a key is visible, -inf elsewhere
 
     @property
     def num_decodes(self) -> int:
-        return self.decode_block_tables.shape[0]
+        return self.decode_bias.shape[0]
 
 
-def write_kv(kv_cache: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def allocate_kv_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                      device: torch.device) -> KVCache:
+    """Zeroed key and value caches of one layer. On CPU they live in anonymous memory maps, which the kernel
+    hands out zeroed and backs with memory only where written, so a large cache costs nothing until used."""
+    shape = (kv_heads, num_blocks, block_size, head_dim)
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    return tuple(torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape) for _ in range(2))
+
+
+def write_kv(kv_cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store this step's K/V [T, kv_heads, d] into their slots."""
-    key_cache, value_cache = kv_cache
-    key_cache.view(-1, *k.shape[1:]).index_copy_(0, slot_mapping, k)
-    value_cache.view(-1, *v.shape[1:]).index_copy_(0, slot_mapping, v)
+    for cache, new in zip(kv_cache, (k, v)):
+        cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slot_mapping, new.transpose(0, 1))
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] of this step; returns [T, heads, d]."""
     write_kv(kv_cache, k, v, meta.slot_mapping)
+    if not meta.prefill_groups and not meta.prefills:
+        return _decode_attention(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
+    for group in meta.prefill_groups:
+        rows = slice(group.query_start, group.query_start + group.num_seqs * group.query_len)
+        out[rows] = _causal_attention(q[rows], k[rows], v[rows], group, scale)
     for seq in meta.prefills:
         rows = slice(seq.query_start, seq.query_start + seq.query_len)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], kv_cache, seq, scale)
+        out[rows] = _context_attention(q[rows], kv_cache, seq, scale)
     if meta.num_decodes:
         out[meta.num_prefill_tokens:] = _decode_attention(q[meta.num_prefill_tokens:], kv_cache, meta, scale)
     return out
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[..., num_blocks] block ids -> [..., kv_heads, num_blocks * block_size, d]."""
-    blocks = cache[block_tables]  # [..., nb, bs, kvh, d]
-    merged = blocks.flatten(-4, -3)  # [..., nb*bs, kvh, d]
-    return merged.transpose(-3, -2)
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: PrefillGroup,
+                      scale: float) -> torch.Tensor:
+    """Equal-length sequences attending causally to themselves: [n * len, heads, d] -> same."""
+    n, length = group.num_seqs, group.query_len
+    q, k, v = (x.view(n, length, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2).reshape(n * length, -1, out.shape[-1])
 
 
-def _prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       kv_cache: tuple[torch.Tensor, torch.Tensor], seq: PrefillSequence,
-                       scale: float) -> torch.Tensor:
-    q = q.transpose(0, 1).unsqueeze(0)  # [1, heads, q, d]
-    if seq.context_len == seq.query_len:  # nothing cached before this chunk: causal over the chunk itself
-        keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
-    else:
-        keys = _gather(kv_cache[0], seq.block_table)[:, :seq.context_len].unsqueeze(0)
-        values = _gather(kv_cache[1], seq.block_table)[:, :seq.context_len].unsqueeze(0)
-        offset = seq.context_len - seq.query_len
-        query_pos = torch.arange(seq.query_len, device=q.device).unsqueeze(1) + offset
-        mask = torch.arange(seq.context_len, device=q.device).unsqueeze(0) <= query_pos
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+def _context_attention(q: torch.Tensor, kv_cache: KVCache, seq: PrefillSequence, scale: float) -> torch.Tensor:
+    """A chunk of queries after cached context: q [len, heads, d] over the sequence's cached keys."""
+    keys, values = (cache.index_select(1, seq.block_table).flatten(1, 2)[:, :seq.context_len].unsqueeze(0)
+                    for cache in kv_cache)  # [1, kvh, context, d]
+    offset = seq.context_len - seq.query_len
+    query_pos = torch.arange(seq.query_len, device=q.device).unsqueeze(1) + offset
+    mask = torch.arange(seq.context_len, device=q.device).unsqueeze(0) <= query_pos
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=True)
     return out.squeeze(0).transpose(0, 1)
 
 
-def _decode_attention(q: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                      scale: float) -> torch.Tensor:
-    keys = _gather(kv_cache[0], meta.decode_block_tables)  # [B, kvh, L, d]
-    values = _gather(kv_cache[1], meta.decode_block_tables)
-    out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=meta.decode_mask, scale=scale,
-                                         enable_gqa=True)  # [B, heads, 1, d]
-    return out.squeeze(2)
+def _decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One query per sequence: q [B, heads, d] -> [B, heads, d].
+
+    The heads sharing a KV head are treated as that head's query rows, so grouped-query attention needs no
+    repeated keys: scores [kvh, B, group, L] come from one batched matmul over the gathered blocks."""
+    batch, heads, dim = q.shape
+    kv_heads = kv_cache[0].shape[0]
+    keys, values = (cache.index_select(1, meta.decode_block_ids).view(kv_heads, batch, -1, dim)
+                    for cache in kv_cache)  # [kvh, B, L, d]
+    q = (q * scale).view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)
+    scores = torch.matmul(q, keys.transpose(-1, -2))
+    scores += meta.decode_bias
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [kvh, B, group, d]
+    return out.transpose(0, 1).reshape(batch, heads, dim)

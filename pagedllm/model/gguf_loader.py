@@ -22,6 +22,16 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def read_gguf_config(path: str) -> Any:
+    from pagedllm.model import gguf_cache
+
+    config = gguf_cache.load_config(path)
+    if config is None:
+        config = _parse_config(path)
+        gguf_cache.save_config(path, config)
+    return config
+
+
+def _parse_config(path: str) -> Any:
     from transformers import LlamaConfig
 
     reader = open_gguf(path)
@@ -79,7 +89,17 @@ def _unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def iter_gguf_weights(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for every tensor, dequantized."""
+    """Yield (HF name, float32 tensor) for every tensor, dequantized (or from the cache of a previous start)."""
+    from pagedllm.model import gguf_cache
+
+    weights = gguf_cache.load_weights(path)
+    if weights is None:
+        weights = dict(_dequantize_all(path, hf_config))
+        gguf_cache.save_weights(path, weights)
+    yield from weights.items()
+
+
+def _dequantize_all(path: str, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
     from gguf.quants import dequantize
 
     reader = open_gguf(path)

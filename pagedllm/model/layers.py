@@ -2,7 +2,8 @@
 
 A merged linear layer (QKV, gate-up) holds several logical projections in one weight so that one matmul
 computes them all; `load_shard` places each checkpoint tensor in its rows, which is also the seam where
-tensor-parallel slicing and LoRA deltas attach.
+tensor-parallel slicing and LoRA deltas attach. `quantize_int8` turns a loaded layer into weight-only int8
+(one scale per output row; activations stay in the model's dtype).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel instead of five
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -33,14 +36,26 @@ class MergedLinear(nn.Module):
         self.output_sizes = list(output_sizes)
         self.weight = nn.Parameter(torch.empty(sum(output_sizes), input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(sum(output_sizes)), requires_grad=False) if bias else None
+        self.scales: Optional[torch.Tensor] = None  # per output row, once quantized to int8
 
     def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
         start = sum(self.output_sizes[:shard])
         target = self.weight if name == "weight" else self.bias
         target.data[start:start + self.output_sizes[shard]].copy_(tensor)
 
+    def quantize_int8(self) -> None:
+        """Symmetric per-row int8 weights for PyTorch's packed int8 matmul (`_weight_int8pack_mm`)."""
+        dtype, weight = self.weight.dtype, self.weight.data.float()
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.weight = nn.Parameter(torch.round(weight / scales.unsqueeze(1)).to(torch.int8), requires_grad=False)
+        self.scales = scales.to(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.scales is None:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scales.to(x.dtype))
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias
 
 
 class Linear(MergedLinear):
@@ -49,7 +64,10 @@ class Linear(MergedLinear):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table per position."""
+    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table per position.
+
+    The table rows for a step's positions are looked up once per step (`lookup`) and applied in every layer;
+    the sine's first half is stored negated so that rotating is one concatenation and one multiply-add."""
 
     def __init__(self, head_dim: int, max_position: int, rope_parameters: Optional[dict[str, Any]]) -> None:
         super().__init__()
@@ -58,20 +76,19 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         inv_freq = _scale_inv_freq(inv_freq, params)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([-freqs.sin(), freqs.sin()], dim=-1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q [T, heads, d], k [T, kv_heads, d]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] -> cos, signed sin [T, 1, d]."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    @staticmethod
+    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, heads, d] rotated: x * cos + rotate_half(x) * sin."""
+        cos, sin = cos_sin
+        half = x.shape[-1] // 2
+        return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin)
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """The sampling parameters of one step's sampling rows, gathered into tensors once per step."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -10,9 +11,28 @@ from pagedllm.core.request import Request
 from pagedllm.sampling_params import SamplingType
 
 
+class Penalties(NamedTuple):
+    """Per-row penalty values and the token ids they count, padded with the id `vocab_size`."""
+
+    presence: torch.Tensor  # [N] float
+    frequency: torch.Tensor  # [N] float
+    repetition: torch.Tensor  # [N] float
+    prompt_ids: torch.Tensor  # [N, P] long
+    output_ids: torch.Tensor  # [N, O] long
+
+
+class RowProcessor(NamedTuple):
+    """A user logits processor and what it is called with for one row."""
+
+    row: int
+    processor: Callable[..., torch.Tensor]
+    prompt_ids: Optional[list[int]]  # None for the (output_ids, logits) signature
+    output_ids: list[int]
+
+
 @dataclass
 class SamplingMetadata:
-    """Row i describes the i-th request that samples this step; a filter is None when no row uses it."""
+    """Row i describes the i-th request that samples this step; a part is None when no row uses it."""
 
     temperature: torch.Tensor  # [N] float, 1.0 on greedy rows
     greedy: torch.Tensor  # [N] bool
@@ -22,18 +42,22 @@ class SamplingMetadata:
     min_p: Optional[torch.Tensor]  # [N] float
     generators: dict[int, torch.Generator]  # row -> the request's own generator when seeded
     max_num_logprobs: Optional[int]
-    # (row, token ids) that may not be sampled yet because min_tokens is not reached.
-    min_tokens_blocked: list[tuple[int, list[int]]]
+    logits_processors: list[RowProcessor]
+    penalties: Optional[Penalties]
+    logit_bias: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # rows, token ids, values
+    allowed: Optional[tuple[torch.Tensor, torch.Tensor]]  # rows [R], mask [R, vocab] (True: may be sampled)
+    # Tokens that may not be sampled: min_tokens not reached (stop ids) and bad words; (rows, token ids).
+    banned: Optional[tuple[torch.Tensor, torch.Tensor]]
+    grammar: Optional[tuple[torch.Tensor, torch.Tensor]]  # rows [R], packed int32 bitmasks [R, vocab/32]
 
     @classmethod
     def build(cls, requests: list[Request], generators: dict[str, torch.Generator], vocab_size: int,
-              device: torch.device) -> "SamplingMetadata":
+              device: torch.device, grammar_bitmasks: Optional[dict[str, torch.Tensor]] = None
+              ) -> "SamplingMetadata":
         params = [r.sampling_params for r in requests]
         greedy = [p.sampling_type == SamplingType.GREEDY for p in params]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        blocked = [(i, sorted(_stop_ids(r))) for i, r in enumerate(requests)
-                   if r.num_output_tokens < r.sampling_params.min_tokens]
 
         def tensor(values: list, dtype: torch.dtype, unused: object) -> Optional[torch.Tensor]:
             return None if all(v == unused for v in values) else torch.tensor(values, dtype=dtype, device=device)
@@ -49,13 +73,102 @@ class SamplingMetadata:
             generators={i: generators[r.request_id] for i, r in enumerate(requests)
                         if r.request_id in generators},
             max_num_logprobs=max(logprobs) if logprobs else None,
-            min_tokens_blocked=[(i, ids) for i, ids in blocked if ids],
+            logits_processors=_row_processors(requests),
+            penalties=_penalties(requests, vocab_size, device),
+            logit_bias=_logit_bias(requests, device),
+            allowed=_allowed(requests, vocab_size, device),
+            banned=_banned(requests, device),
+            grammar=_grammar(requests, grammar_bitmasks or {}, device),
         )
 
 
-def _stop_ids(request: Request) -> set[int]:
+def _row_processors(requests: list[Request]) -> list[RowProcessor]:
+    rows = []
+    for i, request in enumerate(requests):
+        for processor in request.sampling_params.logits_processors or []:
+            prompt = list(request.prompt_token_ids) if _takes_prompt(processor) else None
+            rows.append(RowProcessor(i, processor, prompt, list(request.output_token_ids)))
+    return rows
+
+
+def _takes_prompt(processor: Callable[..., Any]) -> bool:
+    """(prompt_ids, output_ids, logits) processors have three parameters; (output_ids, logits) ones two."""
+    return len(inspect.signature(processor).parameters) == 3
+
+
+def _penalties(requests: list[Request], vocab_size: int, device: torch.device) -> Optional[Penalties]:
+    params = [r.sampling_params for r in requests]
+    if all(p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1 for p in params):
+        return None
+
+    def padded(lists: list[list[int]]) -> torch.Tensor:
+        width = max(1, max(len(ids) for ids in lists))
+        return torch.tensor([ids + [vocab_size] * (width - len(ids)) for ids in lists], dtype=torch.long,
+                            device=device)
+
+    def values(name: str) -> torch.Tensor:
+        return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=device)
+
+    return Penalties(values("presence_penalty"), values("frequency_penalty"), values("repetition_penalty"),
+                     padded([r.prompt_token_ids for r in requests]), padded([r.output_token_ids for r in requests]))
+
+
+def _logit_bias(requests: list[Request], device: torch.device
+                ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    entries = [(i, token, bias) for i, r in enumerate(requests)
+               for token, bias in (r.sampling_params.logit_bias or {}).items()]
+    if not entries:
+        return None
+    rows, tokens, biases = zip(*entries)
+    return (torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
+            torch.tensor(biases, dtype=torch.float32, device=device))
+
+
+def _allowed(requests: list[Request], vocab_size: int, device: torch.device
+             ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    rows = [i for i, r in enumerate(requests) if r.sampling_params.allowed_token_ids is not None]
+    if not rows:
+        return None
+    mask = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=device)
+    for j, i in enumerate(rows):
+        mask[j, requests[i].sampling_params.allowed_token_ids] = True
+    return torch.tensor(rows, device=device), mask
+
+
+def _banned(requests: list[Request], device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    entries = [(i, token) for i, r in enumerate(requests) for token in _min_tokens_banned(r) | _bad_word_ends(r)]
+    if not entries:
+        return None
+    rows, tokens = zip(*entries)
+    return torch.tensor(rows, device=device), torch.tensor(tokens, device=device)
+
+
+def _min_tokens_banned(request: Request) -> set[int]:
+    """Before min_tokens outputs no stop token may be sampled: EOS, stop_token_ids and extra EOS ids."""
     params = request.sampling_params
+    if request.num_output_tokens >= params.min_tokens:
+        return set()
     ids = set(params.all_stop_token_ids)
     if request.eos_token_id is not None and not params.ignore_eos:
         ids.add(request.eos_token_id)
     return ids
+
+
+def _bad_word_ends(request: Request) -> set[int]:
+    """The last token of every bad word whose other tokens the output ends with (always, for one-token words)."""
+    output = request.output_token_ids
+    banned = set()
+    for word in request.sampling_params.bad_words_token_ids:
+        prefix = word[:-1]
+        if len(prefix) <= len(output) and output[len(output) - len(prefix):] == prefix:
+            banned.add(word[-1])
+    return banned
+
+
+def _grammar(requests: list[Request], bitmasks: dict[str, torch.Tensor], device: torch.device
+             ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    rows = [i for i, r in enumerate(requests) if r.request_id in bitmasks]
+    if not rows:
+        return None
+    masks = torch.stack([bitmasks[requests[i].request_id] for i in rows]).to(device)
+    return torch.tensor(rows, device=device), masks

@@ -1,17 +1,20 @@
 """The sampler: a pipeline of named steps over a batch of logits, each row with its own parameters.
 
-Order: mask tokens not allowed yet (min_tokens) -> log-probabilities of the resulting distribution (what
-`logprobs` reports) -> greedy rows take the argmax -> random rows are scaled by temperature, filtered by
-top-k, top-p and min-p, and sampled by an exponential race (seeded rows draw from their own generator,
-so their tokens do not depend on the rest of the batch).
+Order: user logits processors -> logit_bias -> allowed_token_ids -> banned tokens (min_tokens, bad words)
+-> guided-decoding mask -> presence, frequency and repetition penalties -> log-probabilities of the
+resulting distribution (what `logprobs` reports) -> greedy rows take the argmax -> random rows are scaled
+by temperature, filtered by top-k, top-p and min-p, and sampled by an exponential race (seeded rows draw
+from their own generator, so their tokens do not depend on the rest of the batch).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from pagedllm.sample.metadata import SamplingMetadata
+
+LogitsStep = Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]
 
 
 class SamplerOutput(NamedTuple):
@@ -24,8 +27,10 @@ class SamplerOutput(NamedTuple):
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        """logits [N, vocab] float32 -> one token per row."""
-        logits = apply_min_tokens(logits, meta)
+        """logits [N, vocab] -> one token per row."""
+        logits = logits.float()
+        for step in LOGITS_STEPS:
+            logits = step(logits, meta)
         logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
         if meta.all_greedy:
             tokens = logits.argmax(dim=-1)
@@ -36,10 +41,69 @@ class Sampler:
         return SamplerOutput(tokens, *gather_logprobs(logprobs, tokens, meta.max_num_logprobs))
 
 
-def apply_min_tokens(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-    for row, token_ids in meta.min_tokens_blocked:
-        logits[row, token_ids] = float("-inf")
+def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    for entry in meta.logits_processors:
+        args = (entry.output_ids,) if entry.prompt_ids is None else (entry.prompt_ids, entry.output_ids)
+        logits[entry.row] = entry.processor(*args, logits[entry.row])
     return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    if meta.logit_bias is not None:
+        rows, tokens, biases = meta.logit_bias
+        logits.index_put_((rows, tokens), biases, accumulate=True)
+    return logits
+
+
+def apply_allowed_token_ids(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    if meta.allowed is not None:
+        rows, mask = meta.allowed
+        logits[rows] = logits[rows].masked_fill(~mask, float("-inf"))
+    return logits
+
+
+def apply_banned_tokens(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    if meta.banned is not None:
+        logits[meta.banned] = float("-inf")
+    return logits
+
+
+def apply_grammar_mask(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Bit j of a row's packed bitmask says whether token j keeps the output inside the grammar."""
+    if meta.grammar is not None:
+        rows, packed = meta.grammar
+        bits = torch.arange(32, device=packed.device, dtype=torch.int32)
+        allowed = ((packed.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :logits.shape[1]]
+        logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Presence and frequency penalties count output tokens; the repetition penalty divides positive (and
+    multiplies negative) logits of every token seen in the prompt or the output."""
+    penalties = meta.penalties
+    if penalties is None:
+        return logits
+    num_rows, vocab = logits.shape
+    output_counts = _token_counts(penalties.output_ids, num_rows, vocab)
+    seen = (_token_counts(penalties.prompt_ids, num_rows, vocab) > 0) | (output_counts > 0)
+    repetition = penalties.repetition.unsqueeze(1).expand_as(logits)
+    scaled = torch.where(logits > 0, logits / repetition, logits * repetition)
+    logits = torch.where(seen, scaled, logits)
+    logits -= penalties.frequency.unsqueeze(1) * output_counts
+    logits -= penalties.presence.unsqueeze(1) * (output_counts > 0)
+    return logits
+
+
+def _token_counts(ids: torch.Tensor, num_rows: int, vocab: int) -> torch.Tensor:
+    """[N, L] ids padded with `vocab` -> [N, vocab] occurrence counts."""
+    counts = torch.zeros(num_rows, vocab + 1, dtype=torch.float32, device=ids.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]
+
+
+LOGITS_STEPS: tuple[LogitsStep, ...] = (apply_logits_processors, apply_logit_bias, apply_allowed_token_ids,
+                                        apply_banned_tokens, apply_grammar_mask, apply_penalties)
 
 
 def sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedllm.core.request import Request
-from pagedllm.model.attention import AttentionMetadata, PrefillSequence
+from pagedllm.model.attention import AttentionMetadata, PrefillGroup, PrefillSequence
 
 
 @dataclass
@@ -22,46 +22,62 @@ class ModelInput:
 
 
 def build_model_input(scheduled: list[tuple[Request, int]], block_size: int, device: torch.device) -> ModelInput:
-    prefills = [(r, n) for r, n in scheduled if n > 1]
+    """Prefills first (those without cached context grouped by length, so that equal lengths share one
+    attention call), then decodes."""
+    fresh = sorted(((r, n) for r, n in scheduled if n > 1 and r.num_computed_tokens == 0), key=lambda x: x[1])
+    with_context = [(r, n) for r, n in scheduled if n > 1 and r.num_computed_tokens > 0]
     decodes = [(r, n) for r, n in scheduled if n == 1]
-    ordered = prefills + decodes
-    ids, positions, slots, seqs = [], [], [], []
-    query_starts, start = [], 0
-    for request, n in prefills:
+    ordered = fresh + with_context + decodes
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_starts: list[int] = []
+    for request, n in ordered:
         begin = request.num_computed_tokens
+        query_starts.append(len(ids))
         ids.extend(request.all_token_ids[begin:begin + n])
-        table = torch.tensor(request.block_ids, dtype=torch.long)
-        pos = torch.arange(begin, begin + n)
-        positions.append(pos)
-        slots.append(table[pos // block_size] * block_size + pos % block_size)
-        seqs.append(PrefillSequence(start, n, begin + n, table.to(device)))
-        query_starts.append(start)
-        start += n
-    num_prefill_tokens = start
-    tables, mask = _decode_tables([r for r, _ in decodes], block_size)
-    if decodes:
-        pos = torch.tensor([r.num_computed_tokens for r, _ in decodes])
-        ids.extend(r.all_token_ids[r.num_computed_tokens] for r, _ in decodes)
-        positions.append(pos)
-        slots.append(tables[torch.arange(len(decodes)), pos // block_size] * block_size + pos % block_size)
-        query_starts.extend(range(start, start + len(decodes)))
+        positions.extend(range(begin, begin + n))
+        table = request.block_ids
+        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, begin + n))
+    num_prefill_tokens = len(ids) - len(decodes)
+    block_ids, bias = _decode_blocks([r for r, _ in decodes], block_size)
     sample_rows = [i for i, (r, n) in enumerate(ordered) if r.num_computed_tokens + n == r.num_tokens]
     meta = AttentionMetadata(
-        slot_mapping=torch.cat(slots).to(device), prefills=seqs, num_prefill_tokens=num_prefill_tokens,
-        decode_block_tables=tables.to(device), decode_mask=mask.to(device))
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        prefill_groups=_group_by_length(fresh),
+        prefills=[PrefillSequence(query_starts[len(fresh) + i], n, r.num_computed_tokens + n,
+                                  torch.tensor(r.block_ids, dtype=torch.long, device=device))
+                  for i, (r, n) in enumerate(with_context)],
+        num_prefill_tokens=num_prefill_tokens, decode_block_ids=block_ids.to(device), decode_bias=bias.to(device))
     return ModelInput(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device), positions=torch.cat(positions).to(device),
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
         attn_metadata=meta, requests=[r for r, _ in ordered], num_new_tokens=[n for _, n in ordered],
         query_starts=query_starts, sample_rows=sample_rows,
         sample_token_indices=torch.tensor([query_starts[i] + ordered[i][1] - 1 for i in sample_rows],
                                           dtype=torch.long, device=device))
 
 
-def _decode_tables(requests: list[Request], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Block tables padded to the longest, and which key slots each decode may see."""
+def _group_by_length(prefills: list[tuple[Request, int]]) -> list[PrefillGroup]:
+    """Runs of equal query length among prefills laid out one after another."""
+    groups: list[PrefillGroup] = []
+    start = 0
+    for _, n in prefills:
+        if groups and groups[-1].query_len == n:
+            groups[-1].num_seqs += 1
+        else:
+            groups.append(PrefillGroup(start, 1, n))
+        start += n
+    return groups
+
+
+def _decode_blocks(requests: list[Request], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each decode's block ids padded to the longest table with its own first block (so every gathered key
+    is a finite value of its own), and an additive mask hiding keys past its context."""
     width = max((len(r.block_ids) for r in requests), default=1)
-    tables = torch.tensor([r.block_ids + [0] * (width - len(r.block_ids)) for r in requests],
-                          dtype=torch.long).view(len(requests), width)
+    block_ids = torch.tensor([i for r in requests for i in r.block_ids + r.block_ids[:1] * (width - len(r.block_ids))],
+                             dtype=torch.long)
     context_lens = torch.tensor([r.num_computed_tokens + 1 for r in requests], dtype=torch.long)
-    mask = torch.arange(width * block_size).unsqueeze(0) < context_lens.unsqueeze(1)
-    return tables, mask.view(len(requests), 1, 1, width * block_size)
+    visible = torch.arange(width * block_size).unsqueeze(0) < context_lens.unsqueeze(1)
+    bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
+    return block_ids, bias.view(len(requests), 1, width * block_size)

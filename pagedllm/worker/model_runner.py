@@ -1,16 +1,16 @@
 """One step on one worker: lay out the batch, run the model over the paged cache, sample."""
 from __future__ import annotations
 
-import math
+import time
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
 from pagedllm.worker.batch import ModelInput, build_model_input
@@ -28,15 +28,7 @@ class ModelRunnerOutput(NamedTuple):
     sampled_token_ids: dict[str, int]
     logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
-
-
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed cache tensor. On CPU it comes from calloc, whose large allocations the OS backs only as
-    blocks are first written, so an engine costs memory for the cache it uses rather than all it may use."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    num_bytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(num_bytes, dtype=np.uint8)).view(dtype).view(shape)
+    model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
 
 
 class ModelRunner:
@@ -53,9 +45,8 @@ class ModelRunner:
     def initialize_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf_config
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        shape = (num_blocks, self.block_size, hf.num_key_value_heads, head_dim)
-        dtype = self.config.model_config.dtype
-        self.kv_caches = [(_zeros(shape, dtype, self.device), _zeros(shape, dtype, self.device))
+        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, hf.num_key_value_heads, head_dim,
+                                            self.config.model_config.dtype, self.device)
                           for _ in range(hf.num_hidden_layers)]
 
     @torch.inference_mode()
@@ -65,13 +56,18 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return ModelRunnerOutput({}, {}, {})
         batch = build_model_input(scheduler_output.scheduled, self.block_size, self.device)
+        start = time.perf_counter()
         hidden = self.model(self.model.embed(batch.input_ids), batch.positions, self.kv_caches, batch.attn_metadata)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
+        forward_ms = (time.perf_counter() - start) * 1000
         prompt_logprobs = self._prompt_logprobs(batch, hidden)
         sampling = [batch.requests[i] for i in batch.sample_rows]
         if not sampling:
-            return ModelRunnerOutput({}, {}, prompt_logprobs)
+            return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
         logits = self.model.compute_logits(hidden[batch.sample_token_indices])
-        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device)
+        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device,
+                                      scheduler_output.grammar_bitmasks)
         out = self.sampler(logits, meta)
         ids = [r.request_id for r in sampling]
         logprobs = {}
@@ -82,7 +78,7 @@ class ModelRunner:
                     logprobs[request.request_id] = TokenLogprobs(
                         [out.logprob_token_ids[row, :k + 1].tolist()], [out.logprobs[row, :k + 1].tolist()],
                         [int(out.sampled_ranks[row])])
-        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs)
+        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs, forward_ms)
 
     def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
         for request in requests:

@@ -9,6 +9,8 @@ from pagedllm.config import EngineConfig
 from pagedllm.core.scheduler import SchedulerOutput
 from pagedllm.model.loader import load_model
 from pagedllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from pagedllm.worker.profiler import WorkerProfiler
+from pagedllm.worker.swap import SwapSpace
 
 logger = logging.getLogger(__name__)
 
@@ -19,6 +21,8 @@ class Worker:
         self.rank = rank
         self.device = torch.device(config.device_config.device)
         self.model_runner: ModelRunner | None = None
+        self.swap_space: SwapSpace | None = None
+        self.profiler = WorkerProfiler(rank, self.device)
 
     def load_model(self) -> None:
         torch.manual_seed(self.config.model_config.seed)
@@ -48,11 +52,33 @@ class Worker:
                              f"{self.block_bytes()} bytes needed per block.")
         return num_blocks
 
+    def num_swap_blocks(self) -> int:
+        """Blocks that fit in `swap_space` GiB of host memory (none unless preempting by swap)."""
+        if self.config.scheduler_config.preemption_mode != "swap":
+            return 0
+        return self.config.cache_config.swap_space_bytes // self.block_bytes()
+
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_cache(num_blocks)
+        if self.num_swap_blocks():
+            self.swap_space = SwapSpace(self.model_runner.kv_caches, self.num_swap_blocks())
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy (device block, host block) pairs to the swap space."""
+        self.swap_space.swap_out(pairs)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy (host block, device block) pairs back from the swap space."""
+        self.swap_space.swap_in(pairs)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def start_profile(self) -> None:
+        self.profiler.start()
+
+    def stop_profile(self) -> None:
+        self.profiler.stop()
 
     def check_health(self) -> None:
         if self.model_runner is None:

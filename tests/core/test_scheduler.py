@@ -1,9 +1,8 @@
-"""The scheduler without a model: budgets, admission, preemption order, requests that can never fit."""
+"""The scheduler's decisions step by step, with a stand-in for the model that samples token 1."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import itertools
+from typing import Optional
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager
@@ -11,201 +10,142 @@ from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler, SchedulerOutput
 from pagedllm.sampling_params import SamplingParams
 
-BLOCK = 16
+_clock = itertools.count()
 
 
-def make_scheduler(num_blocks: int = 64, max_num_seqs: int = 256, budget: int = 2048,
-                   watermark: float = 0.0) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=2048,
-                             enable_chunked_prefill=False, preemption_mode=None, policy="fcfs",
-                             num_scheduler_steps=1, watermark=watermark)
-    return Scheduler(config, KVCacheManager(num_blocks, BLOCK, watermark))
+def make_scheduler(num_blocks: int = 64, budget: int = 64, chunked: bool = False, max_num_seqs: int = 8,
+                   mode: Optional[str] = None, policy: str = "fcfs", caching: bool = False,
+                   num_swap_blocks: int = 0) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=1024,
+                             enable_chunked_prefill=chunked, preemption_mode=mode, policy=policy,
+                             num_scheduler_steps=1, watermark=0)
+    return Scheduler(config, KVCacheManager(num_blocks, 4, 0, enable_caching=caching,
+                                            num_swap_blocks=num_swap_blocks))
 
 
-def add(scheduler: Scheduler, request_id: str, num_tokens: int) -> Request:
-    request = Request(request_id, list(range(1, num_tokens + 1)), SamplingParams(), arrival_time=0.0)
+def add(scheduler: Scheduler, name: str, prompt_len: int, max_tokens: int = 4, priority: int = 0,
+        first_token: int = 0) -> Request:
+    request = Request(name, list(range(first_token, first_token + prompt_len)), SamplingParams(max_tokens=max_tokens),
+                      arrival_time=float(next(_clock)), priority=priority)
     scheduler.add_request(request)
     return request
 
 
 def step(scheduler: Scheduler) -> SchedulerOutput:
-    """Schedule, then play the model: every request that computes its last token samples token 7."""
-    output = scheduler.schedule()
-    sampled = {r.request_id: 7 for r, n in output.scheduled if r.num_computed_tokens + n == r.num_tokens}
-    scheduler.update_from_output(output, sampled)
-    return output
+    """One step: every request whose tokens are all computed samples token 1; done at max_tokens."""
+    out = scheduler.schedule()
+    sampled = {r.request_id: 1 for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens}
+    scheduler.update_from_output(out, sampled)
+    done = [r.request_id for r, _ in out.scheduled if r.num_output_tokens >= r.sampling_params.max_tokens]
+    scheduler.finish_requests(done, RequestStatus.FINISHED_LENGTH_CAPPED)
+    return out
 
 
-def plan(output: SchedulerOutput) -> dict[str, int]:
-    return {r.request_id: n for r, n in output.scheduled}
+def plan(out: SchedulerOutput) -> list[tuple[str, int]]:
+    return [(r.request_id, n) for r, n in out.scheduled]
 
 
-def test_prefill_then_decode_with_exact_blocks():
-    scheduler = make_scheduler()
-    a, b = add(scheduler, "a", 20), add(scheduler, "b", 16)
-    assert plan(step(scheduler)) == {"a": 20, "b": 16}
-    assert (a.block_ids, b.block_ids) == ([0, 1], [2])
-    assert a.num_computed_tokens == 20 and a.output_token_ids == [7]
-    assert plan(step(scheduler)) == {"a": 1, "b": 1}
-    # b's 17th token opened a new block; a still fits in its two.
-    assert (a.block_ids, b.block_ids) == ([0, 1], [2, 3])
-    assert scheduler.kv_cache.num_free_blocks == 60
-
-
-def test_token_budget_limits_admission_without_chunked_prefill():
-    scheduler = make_scheduler(budget=32)
-    add(scheduler, "a", 20)
+def test_chunked_prefill_runs_decodes_first_then_chunks_within_the_budget():
+    scheduler = make_scheduler(budget=8, chunked=True)
+    add(scheduler, "a", 6)
+    assert plan(step(scheduler)) == [("a", 6)]
     add(scheduler, "b", 20)
-    assert plan(step(scheduler)) == {"a": 20}
-    # Next step a decodes (1 token) and b's whole prompt fits the remaining 31.
-    assert plan(step(scheduler)) == {"a": 1, "b": 20}
-    assert plan(step(scheduler)) == {"a": 1, "b": 1}
+    assert plan(step(scheduler)) == [("a", 1), ("b", 7)]
+    assert plan(step(scheduler)) == [("a", 1), ("b", 7)]
+    assert plan(step(scheduler)) == [("a", 1), ("b", 6)]
+    assert plan(step(scheduler)) == [("b", 1)]  # a finished after 4 tokens
 
 
-def test_max_num_seqs_caps_the_running_batch():
-    scheduler = make_scheduler(max_num_seqs=2)
-    for name in "abc":
-        add(scheduler, name, 5)
-    assert plan(step(scheduler)) == {"a": 5, "b": 5}
-    assert [r.request_id for r in scheduler.waiting] == ["c"]
-    assert plan(step(scheduler)) == {"a": 1, "b": 1}
-    scheduler.finish_requests(["a"], RequestStatus.FINISHED_STOPPED)
-    assert plan(step(scheduler)) == {"b": 1, "c": 5}
+def test_without_chunking_a_prompt_waits_for_a_step_with_room():
+    scheduler = make_scheduler(budget=8)
+    add(scheduler, "a", 6)
+    add(scheduler, "b", 7)
+    assert plan(step(scheduler)) == [("a", 6)]
+    assert plan(step(scheduler)) == [("a", 1), ("b", 7)]
 
 
-def test_finished_requests_free_their_blocks_and_are_reported_once():
-    scheduler = make_scheduler(num_blocks=8)
-    a = add(scheduler, "a", 40)
-    add(scheduler, "b", 3)
-    step(scheduler)
-    assert scheduler.kv_cache.num_free_blocks == 4
-    assert scheduler.finish_requests(["a", "unknown"], RequestStatus.FINISHED_ABORTED) == [a]
-    assert a.status == RequestStatus.FINISHED_ABORTED and a.block_ids == []
-    assert scheduler.kv_cache.num_free_blocks == 7
-    assert scheduler.finish_requests(["a"], RequestStatus.FINISHED_ABORTED) == []
-    assert scheduler.schedule().finished_req_ids == {"a"}
-    assert scheduler.schedule().finished_req_ids == set()
-
-
-def test_abort_of_a_waiting_request_leaves_the_queue():
-    scheduler = make_scheduler(max_num_seqs=1)
-    add(scheduler, "a", 5)
-    b = add(scheduler, "b", 5)
-    step(scheduler)
-    assert scheduler.finish_requests(["b"], RequestStatus.FINISHED_ABORTED) == [b]
-    assert not scheduler.waiting
-    assert scheduler.get_num_unfinished_requests() == 1
-
-
-def test_preemption_takes_the_newest_running_request_and_puts_it_at_the_front_of_the_queue():
-    # Three requests, each exactly filling one block; 4 blocks in all.
+def test_recompute_preempts_the_newest_and_requeues_it_first():
     scheduler = make_scheduler(num_blocks=4)
-    a, b, c = add(scheduler, "a", 16), add(scheduler, "b", 16), add(scheduler, "c", 16)
-    step(scheduler)
-    d = add(scheduler, "d", 3)
-    # Each needs a second block for its 17th token: a takes the last free one, b preempts c.
-    output = step(scheduler)
-    assert plan(output) == {"a": 1, "b": 1}
-    assert output.preempted == [c]
-    assert c.status == RequestStatus.PREEMPTED and c.num_computed_tokens == 0 and c.block_ids == []
-    assert list(scheduler.waiting) == [c, d]
+    a, b = add(scheduler, "a", 8), add(scheduler, "b", 8)
+    assert plan(step(scheduler)) == [("a", 8), ("b", 8)]
+    add(scheduler, "c", 2)
+    out = step(scheduler)  # a needs its third block
+    assert plan(out) == [("a", 1)] and out.preempted == [b]
+    assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0 and b.block_ids == []
+    assert [r.request_id for r in scheduler.waiting] == ["b", "c"]
     assert scheduler.num_preemptions == 1
-    # Nothing is admitted in a step that preempted; the preempted request keeps its output token.
-    assert c.output_token_ids == [7] and c.num_tokens == 17
+    while a.status == RequestStatus.RUNNING:
+        step(scheduler)
+    assert plan(step(scheduler)) == [("b", 9), ("c", 2)]  # prompt and its sampled token, recomputed
 
 
-def test_preempting_several_keeps_their_order_at_the_front():
-    scheduler = make_scheduler(num_blocks=3)
-    a, b, c = add(scheduler, "a", 16), add(scheduler, "b", 16), add(scheduler, "c", 16)
+def test_swap_moves_blocks_out_and_back_in_separate_steps():
+    scheduler = make_scheduler(num_blocks=4, mode="swap", num_swap_blocks=8)
+    a, b = add(scheduler, "a", 8), add(scheduler, "b", 8)
     step(scheduler)
-    for _ in range(16):  # a now holds 33 tokens of which 16 are computed: it needs two more blocks
-        a.append_output_token(7)
-    output = scheduler.schedule()
-    assert output.preempted == [c, b]
-    assert list(scheduler.waiting) == [b, c]
-    assert plan(output) == {"a": 17}
-    assert a.block_ids == [0, 2, 1]
+    b_blocks = list(b.block_ids)
+    out = step(scheduler)
+    assert out.preempted == [b] and b.status == RequestStatus.SWAPPED
+    assert [device for device, _ in out.blocks_to_swap_out] == b_blocks and not out.blocks_to_swap_in
+    assert b.num_computed_tokens == 8 and list(scheduler.swapped) == [b]
+    add(scheduler, "c", 2)
+    outs = [step(scheduler) for _ in range(4)]
+    swap_in = next(o for o in outs if o.blocks_to_swap_in)
+    assert not swap_in.blocks_to_swap_out and ("b", 1) in plan(swap_in)
+    assert [host for host, _ in swap_in.blocks_to_swap_in] == [host for _, host in out.blocks_to_swap_out]
+    # While b was swapped out, the waiting c was never admitted ahead of it.
+    assert all(("c", 2) not in plan(o) for o in outs[:outs.index(swap_in)])
 
 
-def test_the_newest_running_request_gives_way_to_an_older_one():
-    scheduler = make_scheduler(num_blocks=2)
-    a, b = add(scheduler, "a", 16), add(scheduler, "b", 16)
+def test_swap_space_too_small_falls_back_to_recompute():
+    scheduler = make_scheduler(num_blocks=4, mode="swap", num_swap_blocks=1)
+    add(scheduler, "a", 8)
+    b = add(scheduler, "b", 8)
     step(scheduler)
-    output = step(scheduler)
-    assert output.preempted == [b]
-    assert plan(output) == {"a": 1}
-    assert a.block_ids == [0, 1]
+    out = step(scheduler)
+    assert out.preempted == [b] and b.status == RequestStatus.PREEMPTED and not out.blocks_to_swap_out
 
 
-def test_a_request_that_outgrows_the_whole_cache_preempts_itself_then_finishes_as_length():
-    scheduler = make_scheduler(num_blocks=2)
-    a = add(scheduler, "a", 32)
-    step(scheduler)
-    output = scheduler.schedule()
-    assert output.preempted == [a] and not output.scheduled
-    output = scheduler.schedule()
-    assert output.ignored == [a] and a.status.finish_reason == "length"
+def test_a_request_that_can_never_fit_is_ignored_wherever_it_waits():
+    scheduler = make_scheduler(num_blocks=4, budget=64, mode="swap", num_swap_blocks=8)
+    big = add(scheduler, "big", 17)
+    assert step(scheduler).ignored == [big] and big.status == RequestStatus.FINISHED_IGNORED
+    grower = add(scheduler, "grower", 15, max_tokens=10)
+    outs = [step(scheduler) for _ in range(4)]
+    assert grower.status == RequestStatus.FINISHED_IGNORED and any(grower in o.ignored for o in outs)
+    assert scheduler.kv_cache.num_free_blocks == 4 and scheduler.kv_cache.num_free_swap_blocks == 8
     assert not scheduler.has_unfinished_requests()
-    assert scheduler.kv_cache.num_free_blocks == 2
 
 
-def test_preempted_request_is_recomputed_from_scratch_when_room_returns():
-    scheduler = make_scheduler(num_blocks=4)
-    a, b, c = add(scheduler, "a", 16), add(scheduler, "b", 16), add(scheduler, "c", 16)
+def test_priority_orders_waiting_requests_then_by_arrival():
+    scheduler = make_scheduler(budget=8, policy="priority", max_num_seqs=1)
+    for name, priority in [("a", 2), ("b", 1), ("c", 2), ("d", 0)]:
+        add(scheduler, name, 3, max_tokens=1, priority=priority)
+    assert [plan(step(scheduler))[0][0] for _ in range(4)] == ["d", "b", "a", "c"]
+
+
+def test_priority_preempts_a_worse_running_request_for_a_better_one():
+    scheduler = make_scheduler(num_blocks=4, policy="priority")
+    low = add(scheduler, "low", 12, max_tokens=8, priority=5)
     step(scheduler)
-    step(scheduler)  # preempts c
-    scheduler.finish_requests(["a"], RequestStatus.FINISHED_STOPPED)
-    output = step(scheduler)
-    # c comes back with its prompt and its earlier output token, all recomputed.
-    assert plan(output) == {"b": 1, "c": 17}
-    assert c.status == RequestStatus.RUNNING and c.output_token_ids == [7, 7]
+    high = add(scheduler, "high", 8, priority=0)
+    out = step(scheduler)
+    assert out.preempted == [low] and plan(out) == [("high", 8)]
+    assert list(scheduler.waiting) == [low]
+    equal = make_scheduler(num_blocks=4, policy="priority")
+    add(equal, "first", 12, max_tokens=8, priority=1)
+    step(equal)
+    add(equal, "second", 8, priority=1)
+    assert not step(equal).preempted
 
 
-def test_watermark_holds_back_admission():
-    scheduler = make_scheduler(num_blocks=10, watermark=0.2)  # 2 blocks of watermark
-    add(scheduler, "a", 16 * 5)
-    add(scheduler, "b", 16 * 3 + 1)  # 4 blocks: would leave only 1 free
-    assert plan(step(scheduler)) == {"a": 80}
-    assert plan(scheduler.schedule()) == {"a": 1}  # a takes its 6th block; b still waits
-    assert [r.request_id for r in scheduler.waiting] == ["b"]
-
-
-def test_a_prompt_that_can_never_fit_is_finished_without_running():
-    scheduler = make_scheduler(num_blocks=4)
-    too_long = add(scheduler, "too_long", 16 * 4 + 1)
-    ok = add(scheduler, "ok", 10)
-    output = step(scheduler)
-    assert output.ignored == [too_long]
-    assert too_long.status == RequestStatus.FINISHED_IGNORED
-    assert too_long.status.finish_reason == "length"
-    assert plan(output) == {"ok": 10}
-    assert scheduler.kv_cache.num_free_blocks == 3
-
-
-def test_core_imports_without_torch(tmp_path):
-    """core/ is pure Python: it imports and schedules with torch made unimportable."""
-    package_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                               "pagedllm")
-    script = f"""
-import importlib.abc, sys, types
-class NoTorch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("torch is not allowed in core")
-sys.meta_path.insert(0, NoTorch())
-package = types.ModuleType("pagedllm")
-package.__path__ = [{package_dir!r}]  # skip the package __init__, which pulls in the engine
-sys.modules["pagedllm"] = package
-from pagedllm.config import SchedulerConfig
-from pagedllm.core.kv_cache import KVCacheManager
-from pagedllm.core.request import Request
-from pagedllm.core.scheduler import Scheduler
-from pagedllm.sampling_params import SamplingParams
-config = SchedulerConfig(8, 64, 64, False, None, "fcfs", 1)
-scheduler = Scheduler(config, KVCacheManager(4, 16))
-scheduler.add_request(Request("a", [1, 2, 3], SamplingParams(), 0.0))
-assert [n for _, n in scheduler.schedule().scheduled] == [3]
-assert "torch" not in sys.modules
-"""
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+def test_prefix_hits_count_as_computed_and_are_reported_once():
+    scheduler = make_scheduler(caching=True)
+    add(scheduler, "a", 10, max_tokens=1)
+    step(scheduler)
+    b = add(scheduler, "b", 10, max_tokens=2)
+    assert plan(step(scheduler)) == [("b", 2)] and b.num_cached_tokens == 8
+    # Two identical prompts admitted in one step share blocks from that very step.
+    c, d = add(scheduler, "c", 9, first_token=50), add(scheduler, "d", 9, first_token=50)
+    assert plan(step(scheduler))[-2:] == [("c", 9), ("d", 1)] and d.block_ids[:2] == c.block_ids[:2]
+    assert scheduler.kv_cache.prefix_cache_stats.hits == 16

@@ -1,0 +1,112 @@
+"""What stats logging costs: the `throughput` workload with stats off and on, in one invocation.
+
+One engine on the default model, built with the logging and Prometheus stat loggers, runs the workload
+alternately with stats off and on (off, on, off, on, ...); "off" sets the two flags that
+`disable_log_stats=True` sets, so one model copy serves both modes and their runs interleave. The row
+reports each mode's best output tokens/s, their ratio, and the share of the stats-on runs spent in stats
+code (timed around the engine's stats calls), which does not depend on how busy the machine is.
+Prints one JSON row.
+
+    python benchmarks/stats_overhead.py [--workloads ../shared/bench/workloads.json] [--rounds 2]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from pagedllm import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _prompts(workload: dict) -> list[dict]:
+    rng = np.random.default_rng(workload["seed"])
+    ids = rng.integers(workload["token_id_low"], workload["token_id_high"],
+                       size=(workload["num_prompts"], workload["input_len"]))
+    return [{"prompt_token_ids": row.tolist()} for row in ids]
+
+
+class _Timer:
+    """Wraps callables so that the seconds spent inside them add up in `seconds`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+        return timed
+
+
+def _time_stats_calls(llm: LLM) -> _Timer:
+    timer = _Timer()
+    engine = llm.llm_engine
+    engine.do_log_stats = timer.wrap(engine.do_log_stats)
+    for name in ("on_schedule", "on_tokens", "on_finished"):
+        setattr(engine.stats, name, timer.wrap(getattr(engine.stats, name)))
+    return timer
+
+
+def _set_stats(llm: LLM, on: bool) -> None:
+    """What `disable_log_stats` decides: whether stats are gathered and handed to the stat loggers."""
+    llm.llm_engine.log_stats = llm.llm_engine.stats.collect = on
+
+
+def _run(llm: LLM, prompts: list[dict], params: SamplingParams) -> tuple[float, int]:
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return elapsed, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=str(ROOT.parent / "shared" / "bench" / "workloads.json"))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default=None)
+    args = parser.parse_args()
+    workload = json.loads(Path(args.workloads).read_text())["throughput"]
+    prompts = _prompts(workload)
+    params = SamplingParams(temperature=workload["temperature"], max_tokens=workload["output_len"],
+                            ignore_eos=True)
+    llm = LLM(args.model, kv_cache_memory=1 << 30, disable_log_stats=False)
+    timer = _time_stats_calls(llm)
+    best = {"off": float("inf"), "on": float("inf")}
+    on_seconds = stats_seconds = 0.0
+    output_tokens = 0
+    for _ in range(args.rounds):
+        for mode in ("off", "on"):
+            _set_stats(llm, mode == "on")
+            timer.seconds = 0.0
+            elapsed, output_tokens = _run(llm, prompts, params)
+            best[mode] = min(best[mode], elapsed)
+            if mode == "on":
+                on_seconds += elapsed
+                stats_seconds += timer.seconds
+    off_tps, on_tps = output_tokens / best["off"], output_tokens / best["on"]
+    row = {
+        "benchmark": "stats_overhead", "workload": "throughput", "num_prompts": workload["num_prompts"],
+        "input_len": workload["input_len"], "output_len": workload["output_len"], "rounds": args.rounds,
+        "off_output_tokens_per_s": round(off_tps, 2), "on_output_tokens_per_s": round(on_tps, 2),
+        "on_over_off": round(on_tps / off_tps, 4), "overhead_pct": round(100 * (1 - on_tps / off_tps), 2),
+        "stats_time_share_pct": round(100 * stats_seconds / on_seconds, 3),
+    }
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "stats_overhead.json").write_text(json.dumps(row, indent=2) + "\n")
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

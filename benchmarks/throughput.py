@@ -1,0 +1,144 @@
+"""Offline throughput: pagedllm's LLM.generate against transformers.generate at its best batch size.
+
+    python benchmarks/throughput.py                          # the `throughput` workload, both engines
+    python benchmarks/throughput.py --workload throughput_large
+    python benchmarks/throughput.py --no-hf                  # pagedllm only, for quick iteration
+    python benchmarks/throughput.py --hf-batch-sizes 64      # limit the baseline's batch-size search
+
+All requests are submitted at once as token-id prompts, greedy, each generating exactly output_len tokens.
+Prints both engines' output tokens/s, their ratio, peak RSS and the fraction of the machine's compute
+limit reached, and writes the figures as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Optional
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import (add_engine_args, default_model_flops, load_hf_model, load_workload,  # noqa: E402
+                               machine_info, parse_engine_args,
+                               run_in_child, token_prompts, write_result)
+
+TARGET_RATIO = 1.6
+
+
+def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    from pagedllm import LLM, SamplingParams, TokensPrompt
+
+    start = time.perf_counter()
+    llm = LLM(**engine_kwargs)
+    startup_s = time.perf_counter() - start
+    warmup = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:16])], warmup, use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    return {**_rates(len(prompts), len(prompts[0]), output_len, elapsed, tokens),
+            "startup_s": round(startup_s, 2), "engine_args": engine_kwargs, "output_token_ids": tokens}
+
+
+def run_transformers(prompts: list[list[int]], output_len: int, batch_sizes: list[int]) -> dict[str, Any]:
+    import torch
+
+    model = load_hf_model()
+    generate = _hf_generate(model, output_len)
+    with torch.inference_mode():
+        generate(torch.tensor([prompts[0][:16]]), 4)
+        by_batch = {}
+        for batch_size in batch_sizes:
+            start = time.perf_counter()
+            tokens: list[list[int]] = []
+            for i in range(0, len(prompts), batch_size):
+                tokens.extend(generate(torch.tensor(prompts[i:i + batch_size]), output_len))
+            elapsed = time.perf_counter() - start
+            by_batch[batch_size] = {**_rates(len(prompts), len(prompts[0]), output_len, elapsed, tokens),
+                                    "output_token_ids": tokens}
+            print(f"  transformers batch {batch_size}: {by_batch[batch_size]['output_tokens_per_s']:.1f} "
+                  f"output tok/s", flush=True)
+    best = max(by_batch, key=lambda b: by_batch[b]["output_tokens_per_s"])
+    result = {**by_batch[best], "best_batch_size": best}
+    result["by_batch_size"] = {b: {k: v for k, v in r.items() if k != "output_token_ids"}
+                               for b, r in by_batch.items()}
+    return result
+
+
+def _hf_generate(model: Any, output_len: int) -> Any:
+    import torch
+
+    def generate(input_ids: torch.Tensor, new_tokens: int) -> list[list[int]]:
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
+        return out[:, input_ids.shape[1]:].tolist()
+
+    return generate
+
+
+def _rates(num_requests: int, input_len: int, output_len: int, elapsed: float,
+           tokens: list[list[int]]) -> dict[str, Any]:
+    if len(tokens) != num_requests or any(len(t) != output_len for t in tokens):
+        raise RuntimeError(f"Expected {num_requests} outputs of exactly {output_len} tokens.")
+    output_tokens = num_requests * output_len
+    return {"elapsed_s": round(elapsed, 3), "requests_per_s": round(num_requests / elapsed, 3),
+            "output_tokens_per_s": round(output_tokens / elapsed, 2),
+            "total_tokens_per_s": round((output_tokens + num_requests * input_len) / elapsed, 2)}
+
+
+def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
+    """How far greedy outputs agree: identical requests, and the mean shared prefix."""
+    same = sum(x == y for x, y in zip(a, b))
+    prefix = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x)) for x, y in zip(a, b)]
+    return {"identical_requests": same / len(a), "mean_common_prefix_tokens": sum(prefix) / len(prefix)}
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="throughput", choices=["throughput", "throughput_large"])
+    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--hf-batch-sizes", default="16,32,64",
+                        help="comma-separated batch sizes tried for transformers; the best one counts")
+    add_engine_args(parser)
+    parser.add_argument("--peak-gflops", type=float, default=190.0,
+                        help="the machine's float32 matmul rate used for the compute limit")
+    parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/<name>-<time>.json)")
+    args = parser.parse_args(argv)
+
+    workload = load_workload(args.workload, args.workloads_file)
+    prompts = token_prompts(workload, workload["num_prompts"])
+    output_len = workload["output_len"]
+    limit = args.peak_gflops * 1e9 * output_len / default_model_flops(workload["input_len"], output_len)
+    print(f"{args.workload}: {len(prompts)} requests x {workload['input_len']} in / {output_len} out; "
+          f"compute limit {limit:.0f} output tok/s at {args.peak_gflops:.0f} GFLOP/s", flush=True)
+
+    ours = run_in_child(run_pagedllm, prompts, output_len, parse_engine_args(args))
+    print(f"pagedllm: {ours['output_tokens_per_s']:.1f} output tok/s ({ours['elapsed_s']:.1f} s), "
+          f"start {ours['startup_s']:.1f} s, peak RSS {ours['peak_rss_mib']:.0f} MiB, "
+          f"{ours['output_tokens_per_s'] / limit:.0%} of the compute limit", flush=True)
+    result: dict[str, Any] = {"workload": args.workload, "definition": workload, "machine": machine_info(),
+                              "compute_limit_output_tokens_per_s": round(limit, 1),
+                              "fraction_of_compute_limit": round(ours["output_tokens_per_s"] / limit, 3)}
+    if not args.no_hf:
+        batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
+        theirs = run_in_child(run_transformers, prompts, output_len, batch_sizes)
+        ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
+        print(f"transformers (batch {theirs['best_batch_size']}): {theirs['output_tokens_per_s']:.1f} output tok/s, "
+              f"peak RSS {theirs['peak_rss_mib']:.0f} MiB", flush=True)
+        print(f"ratio pagedllm / transformers: {ratio:.2f}x (target {TARGET_RATIO}x)", flush=True)
+        result["agreement_with_transformers"] = _agreement(ours["output_token_ids"], theirs.pop("output_token_ids"))
+        result["transformers"] = theirs
+        result["ratio_vs_transformers"] = round(ratio, 3)
+        result["target_ratio"] = TARGET_RATIO
+    ours.pop("output_token_ids")
+    result["pagedllm"] = ours
+    print(f"wrote {write_result(result, args.output, args.workload)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

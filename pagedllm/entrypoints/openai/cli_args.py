@@ -1,0 +1,20 @@
+"""The server's own flags (beside EngineArgs'); kept free of server imports so `--help` stays fast."""
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--host", default=None, help="Host name to listen on (default: all interfaces).")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None,
+                        help="Require this key as `Authorization: Bearer <key>` on /v1 (or set VLLM_API_KEY).")
+    parser.add_argument("--chat-template", default=None, help="A chat template file, or the template itself.")
+    parser.add_argument("--root-path", default=None, help="The path prefix when behind a path-based proxy.")
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                        help="Larger request bodies are refused with 413.")
+    parser.add_argument("--uvicorn-log-level", default="info",
+                        choices=["debug", "info", "warning", "error", "critical", "trace"])
+    return parser

@@ -1,0 +1,112 @@
+"""Per-request timing and per-step counting: fills each request's `RequestMetrics` and builds `Stats`.
+
+The engine calls it at three points of a step: after scheduling, when the step's tokens are known, and
+for each request that finished. Timestamps are written into the request's `RequestMetrics` (the object its
+`RequestOutput`s carry), so what the loggers and the trace spans report is what the user sees there.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from pagedllm.core.request import Request
+from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.metrics.stats import Stats
+from pagedllm.outputs import RequestMetrics
+
+MetricsLookup = Callable[[str], RequestMetrics]
+
+
+class StatsCollector:
+    def __init__(self, scheduler: Scheduler, metrics_of: MetricsLookup, collect: bool,
+                 max_lora: int = 0) -> None:
+        """`metrics_of(request_id)` finds an unfinished request's metrics; `collect` says whether to gather
+        `Stats` at all (request metrics are filled either way)."""
+        self.scheduler = scheduler
+        self.metrics_of = metrics_of
+        self.collect = collect
+        self.max_lora = max_lora
+        self.on_finished_hooks: list[Callable[[Request, RequestMetrics], None]] = []
+        self._stats = Stats(now=time.time())
+        self._preemptions_seen = scheduler.num_preemptions
+
+    def on_schedule(self, output: SchedulerOutput, scheduler_time: float) -> None:
+        """Mark the step's requests as scheduled and charge them the time `schedule()` took."""
+        now = time.time()
+        for request in [r for r, _ in output.scheduled] + output.ignored:
+            metrics = self.metrics_of(request.request_id)
+            metrics.scheduler_time = (metrics.scheduler_time or 0.0) + scheduler_time
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+                metrics.time_in_queue = now - metrics.arrival_time
+
+    def on_tokens(self, output: SchedulerOutput, sampled_token_ids: dict[str, int], execute_time: float,
+                  forward_time_ms: float) -> None:
+        """Record the step's new tokens: first-token and per-token latencies, token counts, model time."""
+        now = time.time()
+        stats = self._stats
+        for request, _ in output.scheduled:
+            metrics = self.metrics_of(request.request_id)
+            metrics.model_execute_time = (metrics.model_execute_time or 0.0) + execute_time
+            metrics.model_forward_time = (metrics.model_forward_time or 0.0) + forward_time_ms
+            if request.request_id not in sampled_token_ids:
+                continue
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+                if self.collect:
+                    stats.time_to_first_tokens_iter.append(now - metrics.arrival_time)
+                    stats.num_prompt_tokens_iter += request.num_prompt_tokens
+            elif self.collect:
+                stats.time_per_output_tokens_iter.append(now - metrics.last_token_time)
+            metrics.last_token_time = now
+        if self.collect:
+            stats.num_generation_tokens_iter += len(sampled_token_ids)
+
+    def on_finished(self, request: Request, metrics: RequestMetrics) -> None:
+        """Record a request that finished (stopped, capped or never fit); aborted ones are not counted."""
+        if self.collect:
+            self._add_finished(request, metrics)
+        for hook in self.on_finished_hooks:
+            hook(request, metrics)
+
+    def _add_finished(self, request: Request, metrics: RequestMetrics) -> None:
+        stats = self._stats
+        finished = metrics.finished_time or time.time()
+        scheduled = metrics.first_scheduled_time or finished
+        first_token = metrics.first_token_time or finished
+        params = request.sampling_params
+        stats.time_e2e_requests.append(finished - metrics.arrival_time)
+        stats.time_queue_requests.append(scheduled - metrics.arrival_time)
+        stats.time_inference_requests.append(finished - scheduled)
+        stats.time_prefill_requests.append(first_token - scheduled)
+        stats.time_decode_requests.append(finished - first_token)
+        stats.num_prompt_tokens_requests.append(request.num_prompt_tokens)
+        stats.num_generation_tokens_requests.append(request.num_output_tokens)
+        stats.max_num_generation_tokens_requests.append(request.num_output_tokens)
+        stats.n_requests.append(params.n)
+        stats.max_tokens_requests.append(params.max_tokens)
+        stats.finished_reason_requests.append(request.status.finish_reason)
+
+    def make_stats(self) -> Stats:
+        """The system state now plus everything recorded since the previous call."""
+        stats, self._stats = self._stats, Stats(now=time.time())
+        scheduler = self.scheduler
+        stats.now = time.time()
+        kv_cache = scheduler.kv_cache
+        stats.num_running_sys = len(scheduler.running)
+        stats.num_waiting_sys = len(scheduler.waiting)
+        stats.num_swapped_sys = len(scheduler.swapped)
+        stats.gpu_cache_usage_sys = kv_cache.usage
+        stats.cpu_cache_usage_sys = kv_cache.swap_usage
+        stats.gpu_prefix_cache_hit_rate = kv_cache.prefix_cache_stats.hit_rate
+        stats.num_preemption_iter = scheduler.num_preemptions - self._preemptions_seen
+        self._preemptions_seen = scheduler.num_preemptions
+        stats.running_lora_adapters = _lora_names(scheduler.running)
+        stats.waiting_lora_adapters = _lora_names(scheduler.waiting)
+        stats.max_lora = str(self.max_lora)
+        return stats
+
+
+def _lora_names(requests: Any) -> list[str]:
+    return sorted({r.lora_request.lora_name for r in requests if r.lora_request is not None})
+

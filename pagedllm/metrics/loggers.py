@@ -1,0 +1,61 @@
+"""Stat loggers: what the engine hands its `Stats` to after every step."""
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from pagedllm.metrics.stats import Stats, SupportsMetricsInfo
+
+logger = logging.getLogger(__name__)
+
+LOCAL_LOGGING_INTERVAL_SEC = 5.0
+
+
+class StatLoggerBase(ABC):
+    """Receives the engine's `Stats` once per step (and on `do_log_stats()`); may keep what it needs."""
+
+    def __init__(self, local_interval: float, engine_config: Any = None) -> None:
+        self.local_interval = local_interval
+        self.engine_config = engine_config
+        self.last_local_log = time.time()
+        self.num_prompt_tokens: list[int] = []
+        self.num_generation_tokens: list[int] = []
+
+    @abstractmethod
+    def log(self, stats: Stats) -> None:
+        """Take one step's stats; called on the engine's thread, so keep it cheap."""
+
+    @abstractmethod
+    def info(self, type: str, obj: SupportsMetricsInfo) -> None:
+        """Take static information (e.g. type "cache_config") once, when the engine starts."""
+
+    def close(self) -> None:
+        """Release what the logger holds (called when it is removed or the engine goes away)."""
+
+
+class LoggingStatLogger(StatLoggerBase):
+    """Every `local_interval` seconds, one INFO line: throughputs since the last line, queues, cache use."""
+
+    def log(self, stats: Stats) -> None:
+        self.num_prompt_tokens.append(stats.num_prompt_tokens_iter)
+        self.num_generation_tokens.append(stats.num_generation_tokens_iter)
+        elapsed = stats.now - self.last_local_log
+        if elapsed <= self.local_interval:
+            return
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+            "Swapped: %d reqs, Pending: %d reqs, KV cache usage: %.1f%%, CPU swap usage: %.1f%%, "
+            "Prefix cache hit rate: %.1f%%.",
+            sum(self.num_prompt_tokens) / elapsed, sum(self.num_generation_tokens) / elapsed,
+            stats.num_running_sys, stats.num_swapped_sys, stats.num_waiting_sys, stats.gpu_cache_usage_sys * 100,
+            stats.cpu_cache_usage_sys * 100, stats.gpu_prefix_cache_hit_rate * 100)
+        if stats.spec_decode_metrics is not None:
+            logger.info("Speculative metrics: %s", stats.spec_decode_metrics)
+        self.num_prompt_tokens, self.num_generation_tokens = [], []
+        self.last_local_log = stats.now
+
+    def info(self, type: str, obj: SupportsMetricsInfo) -> None:
+        if type == "cache_config":
+            logger.debug("Cache config: %s", obj.metrics_info())

@@ -1,0 +1,86 @@
+"""Guided decoding on xgrammar: compile a request's constraint once, then mask its tokens step by step.
+
+The engine owns one `GrammarManager`: its compiler caches compiled grammars (the same schema compiles
+once per engine), and it keeps one matcher per guided request. Each step the manager fills a packed token
+bitmask for the guided requests that sample (the sampler turns it into a mask), then advances each matcher
+with the token that was sampled.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Optional
+
+import torch
+
+from pagedllm.sampling_params import GuidedDecodingParams
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarManager:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self._compiler: Any = None  # built on the first guided request: it reads the whole vocabulary
+        self.matchers: dict[str, Any] = {}
+
+    def add_request(self, request_id: str, params: GuidedDecodingParams) -> None:
+        """Compile the constraint (a ValueError if it is invalid) and start a matcher for the request."""
+        import xgrammar as xgr
+
+        self.matchers[request_id] = xgr.GrammarMatcher(self.compile(params))
+
+    def compile(self, params: GuidedDecodingParams) -> Any:
+        if self.tokenizer is None:
+            raise ValueError("Guided decoding needs the tokenizer, but skip_tokenizer_init=True.")
+        compiler = self._get_compiler()
+        kind = params.kind
+        try:
+            if kind == "json":
+                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+                return compiler.compile_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+            if kind == "json_object":
+                return compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return compiler.compile_regex(params.regex)
+            if kind == "choice":
+                return compiler.compile_grammar(choice_grammar(params.choice))
+            return compiler.compile_grammar(params.grammar)
+        except Exception as error:  # xgrammar reports bad input as RuntimeError
+            raise ValueError(f"Invalid guided decoding {kind}: {error}") from None
+
+    def _get_compiler(self) -> Any:
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
+
+    def bitmasks(self, request_ids: list[str]) -> dict[str, torch.Tensor]:
+        """Packed int32 masks [vocab/32] of the next allowed tokens, for the guided ones among the ids."""
+        import xgrammar as xgr
+
+        guided = [rid for rid in request_ids if rid in self.matchers and not self.matchers[rid].is_terminated()]
+        if not guided:
+            return {}
+        masks = xgr.allocate_token_bitmask(len(guided), self.vocab_size)
+        for i, request_id in enumerate(guided):
+            self.matchers[request_id].fill_next_token_bitmask(masks, i)
+        return dict(zip(guided, masks))
+
+    def accept(self, request_id: str, token_id: int) -> None:
+        matcher = self.matchers.get(request_id)
+        if matcher is not None and not matcher.is_terminated() and not matcher.accept_token(token_id):
+            logger.warning("Request %s: token %d does not fit its guided decoding grammar.", request_id, token_id)
+
+    def remove(self, request_id: str) -> Optional[Any]:
+        return self.matchers.pop(request_id, None)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose only sentences are the choices (JSON string literals are valid EBNF strings)."""
+    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)

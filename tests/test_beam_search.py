@@ -1,0 +1,47 @@
+"""LLM.beam_search against Hugging Face transformers' beam search on the same weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm import BeamSearchParams
+
+PROMPTS = ["The history of the city of Paris begins", "Machine learning is a field of study that",
+           "The best way to bake bread at home is", "In the year 1900, the largest cities in the world were"]
+
+
+def _hf_beams(model, prompt_ids, eos, width, max_tokens):
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt_ids]), num_beams=width, num_return_sequences=width,
+                             do_sample=False, max_new_tokens=max_tokens, early_stopping=False, length_penalty=1.0,
+                             eos_token_id=eos, pad_token_id=eos, attention_mask=torch.ones(1, len(prompt_ids)))
+    beams = []
+    for row in out.tolist():
+        generated = row[len(prompt_ids):]
+        beams.append(generated[:generated.index(eos) + 1] if eos in generated else generated)
+    return beams
+
+
+@pytest.mark.slow
+def test_beam_search_equals_transformers(llm, hf_model):
+    tokenizer = llm.get_tokenizer()
+    eos = tokenizer.eos_token_id
+    outputs = llm.beam_search([{"prompt": p} for p in PROMPTS], BeamSearchParams(beam_width=4, max_tokens=32))
+    for prompt, output in zip(PROMPTS, outputs):
+        prompt_ids = tokenizer.encode(prompt)
+        ours = [seq.tokens[len(prompt_ids):] for seq in output.sequences]
+        assert len(ours) == 4 and all(seq.tokens[:len(prompt_ids)] == prompt_ids for seq in output.sequences)
+        assert ours == _hf_beams(hf_model, prompt_ids, eos, 4, 32), prompt
+        scores = [seq.cum_logprob / len(tokens) for seq, tokens in zip(output.sequences, ours)]
+        assert scores == sorted(scores, reverse=True)
+        assert output.sequences[0].text == tokenizer.decode(output.sequences[0].tokens)
+
+
+@pytest.mark.slow
+def test_length_penalty_ranks_by_normalised_score(llm):
+    params = BeamSearchParams(beam_width=3, max_tokens=6, length_penalty=2.0)
+    sequences = llm.beam_search(["Write a short poem about the sea."], params)[0].sequences
+    prompt_len = len(llm.get_tokenizer().encode("Write a short poem about the sea."))
+    scores = [s.cum_logprob / (len(s.tokens) - prompt_len) ** 2.0 for s in sequences]
+    assert len(sequences) == 3 and scores == sorted(scores, reverse=True)
+    assert any(s.finish_reason == "stop" for s in sequences)  # this prompt's best continuation is EOS
