@@ -3,34 +3,26 @@
     python benchmarks/prefix_sharing.py [--workloads-file PATH] [--output PATH] [--engine-arg KEY=VALUE ...]
 
 Every request shares one long prefix and has its own suffix; all are submitted at once, greedy, each
-generating exactly output_len tokens. The same requests run on an engine without and then with prefix
-caching; the script prints both wall times, their ratio (the target is at least 3x), the hit rate, and
-whether the outputs are identical, and writes the figures as JSON (benchmarks/results/ by default).
+generating exactly output_len tokens. The same requests run on an engine without and then, in a fresh
+process, with prefix caching; the script prints both wall times, their ratio (the target is at least 3x),
+the hit rate and whether the outputs are identical, and writes the figures as JSON.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import (add_engine_args, load_workload, machine_info, parse_engine_args,  # noqa: E402
+                               run_in_child, write_result)
+
 TARGET_RATIO = 3.0
-
-
-def find_workloads() -> str:
-    """shared/bench/workloads.json in the nearest folder above the checkout that has one."""
-    folder = REPO_ROOT
-    while os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
-        candidate = os.path.join(folder, "shared", "bench", "workloads.json")
-        if os.path.isfile(candidate):
-            return candidate
-    raise FileNotFoundError("No shared/bench/workloads.json above the checkout; pass --workloads-file.")
 
 
 def make_prompts(workload: dict[str, Any]) -> list[list[int]]:
@@ -61,53 +53,27 @@ def run(prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any]
             "output_token_ids": [list(o.outputs[0].token_ids) for o in outputs]}
 
 
-def parse_engine_args(items: list[str]) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            kwargs[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key.replace("-", "_")] = value
-    return kwargs
-
-
-def write_result(result: dict[str, Any], output: Optional[str]) -> str:
-    if output is None:
-        output = os.path.join(REPO_ROOT, "benchmarks", "results", f"prefix_sharing-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w") as f:
-        json.dump(result, f, indent=2)
-    return output
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: found above the checkout)")
-    parser.add_argument("--output", default=None, help="JSON result path (default: benchmarks/results/)")
-    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="an extra EngineArgs keyword for both engines, the value as JSON or text (repeatable)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
+    parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/<name>-<time>.json)")
+    add_engine_args(parser)
     args = parser.parse_args()
-    workloads_file = args.workloads_file or os.environ.get("PAGEDLLM_BENCH_WORKLOADS") or find_workloads()
-    with open(workloads_file) as f:
-        workload = json.load(f)["prefix_sharing"]
+    workload = load_workload("prefix_sharing", args.workloads_file)
     prompts = make_prompts(workload)
-    common = parse_engine_args(args.engine_arg)
+    common = parse_engine_args(args)
     runs = {}
     for name, caching in (("off", False), ("on", True)):
-        runs[name] = run(prompts, workload["output_len"], {**common, "enable_prefix_caching": caching})
+        runs[name] = run_in_child(run, prompts, workload["output_len"], {**common, "enable_prefix_caching": caching})
         print(f"prefix caching {name}: {runs[name]['elapsed_s']:.1f} s, "
               f"{runs[name]['output_tokens_per_s']:.1f} output tok/s, "
               f"hit rate {runs[name]['prefix_cache_hit_rate']:.1%}", flush=True)
     ratio = runs["off"]["elapsed_s"] / runs["on"]["elapsed_s"]
-    identical = runs["off"]["output_token_ids"] == runs["on"]["output_token_ids"]
-    for entry in runs.values():
-        del entry["output_token_ids"]
-    result = {"workload": "prefix_sharing", "definition": workload, "runs": runs, "speedup": round(ratio, 2),
-              "target_speedup": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO, "outputs_identical": identical,
-              "cpu_count": os.cpu_count(), "load_average": os.getloadavg(), "command": " ".join(sys.argv),
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    path = write_result(result, args.output)
+    identical = runs["off"].pop("output_token_ids") == runs["on"].pop("output_token_ids")
+    result = {"workload": "prefix_sharing", "definition": workload, "machine": machine_info(), "runs": runs,
+              "speedup": round(ratio, 2), "target_speedup": TARGET_RATIO, "meets_target": ratio >= TARGET_RATIO,
+              "outputs_identical": identical}
+    path = write_result(result, args.output, "prefix_sharing")
     print(f"speedup with prefix caching: {ratio:.2f}x (target {TARGET_RATIO}x), outputs identical: {identical}; "
           f"wrote {path}")
 

@@ -116,7 +116,7 @@ _HELP = {
     "max_num_batched_tokens": "Token budget of one engine step.",
     "max_num_seqs": "Most requests in one engine step.",
     "distributed_executor_backend": "How the model runs: 'uni' (in process), 'mp' or 'ray'.",
-    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes.",
+    "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes (default: on).",
     "enable_chunked_prefill": "Split long prefills into chunks within the token budget.",
 }
 
@@ -146,7 +146,9 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: Optional[int] = None
     swap_space: float = 4
-    enable_prefix_caching: bool = False
+    # None means on: the bookkeeping costs well under 1 ms a step and shared prefixes (system prompts,
+    # few-shot examples, repeated requests) skip their prefill.
+    enable_prefix_caching: Optional[bool] = None
     max_num_batched_tokens: Optional[int] = None
     max_num_seqs: int = 256
     enable_chunked_prefill: Optional[bool] = None
@@ -230,7 +232,7 @@ class EngineArgs:
             block_size=self.block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
             gpu_memory_utilization=self.gpu_memory_utilization, swap_space=self.swap_space,
-            enable_prefix_caching=self.enable_prefix_caching)
+            enable_prefix_caching=self.enable_prefix_caching is not False)
         return EngineConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=self._scheduler_config(max_model_len),

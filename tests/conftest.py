@@ -128,3 +128,17 @@ def otlp_collector() -> Iterator[Callable[[str], OTLPCollector]]:
     yield start
     for collector in started:
         collector.stop()
+
+
+@pytest.fixture(scope="session")
+def hf_model(default_model):
+    """The default model's weights in Hugging Face transformers' own Llama, the reference for ours."""
+    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, file = os.path.split(default_model)
+    model = LlamaForCausalLM(AutoConfig.from_pretrained(folder, gguf_file=file))
+    tensors = load_gguf_checkpoint(default_model, return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    model.tie_weights()
+    return model.eval()

@@ -1,8 +1,6 @@
 """LLM.beam_search against Hugging Face transformers' beam search on the same weights."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -10,19 +8,6 @@ from pagedllm import BeamSearchParams
 
 PROMPTS = ["The history of the city of Paris begins", "Machine learning is a field of study that",
            "The best way to bake bread at home is", "In the year 1900, the largest cities in the world were"]
-
-
-@pytest.fixture(scope="module")
-def hf_model(default_model):
-    from transformers import AutoConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    folder, name = os.path.split(default_model)
-    model = LlamaForCausalLM(AutoConfig.from_pretrained(folder, gguf_file=name))
-    tensors = load_gguf_checkpoint(default_model, return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    model.tie_weights()
-    return model.eval()
 
 
 def _hf_beams(model, prompt_ids, eos, width, max_tokens):
@@ -52,6 +37,7 @@ def test_beam_search_equals_transformers(llm, hf_model):
         assert output.sequences[0].text == tokenizer.decode(output.sequences[0].tokens)
 
 
+@pytest.mark.slow
 def test_length_penalty_ranks_by_normalised_score(llm):
     params = BeamSearchParams(beam_width=3, max_tokens=6, length_penalty=2.0)
     sequences = llm.beam_search(["Write a short poem about the sea."], params)[0].sequences

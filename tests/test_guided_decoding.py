@@ -48,6 +48,7 @@ def test_json_schema_output_parses_and_validates_for_20_seeds(llm):
         _validate(json.loads(completion.text))
 
 
+@pytest.mark.slow
 def test_regex_and_choice_always_match(llm):
     pattern = r"\d{3}-\d{4}"
     for completion in _generate_all(llm, "My phone number is", GuidedDecodingParams(regex=pattern), range(8), 20):
@@ -61,6 +62,7 @@ def test_regex_and_choice_always_match(llm):
     assert not re.fullmatch(pattern, unguided)
 
 
+@pytest.mark.slow
 def test_ebnf_grammar_and_json_object(llm):
     grammar = 'root ::= ("yes" | "no") ", because " [a-z]+ "."'
     for completion in _generate_all(llm, "Is the sea blue?", GuidedDecodingParams(grammar=grammar), range(4), 30):

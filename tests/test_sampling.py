@@ -29,6 +29,7 @@ def recorder(with_prompt: bool):
     return record, calls
 
 
+@pytest.mark.slow
 def test_seeded_sampling_reproduces_alone_and_in_a_batch(llm):
     params = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
     alone = llm.generate(PROMPT, params, use_tqdm=False)[0].outputs[0].token_ids
@@ -41,6 +42,7 @@ def test_seeded_sampling_reproduces_alone_and_in_a_batch(llm):
     assert other_seed != alone
 
 
+@pytest.mark.slow
 def test_penalties_match_a_direct_computation_on_the_logits(llm):
     record, calls = recorder(with_prompt=True)
     presence, frequency, repetition = 0.6, 0.4, 1.5
@@ -90,6 +92,7 @@ def test_logit_bias_and_allowed_token_ids(llm):
     assert set(restricted.token_ids) <= set(allowed) and not set(plain) <= set(allowed)
 
 
+@pytest.mark.slow
 def test_bad_words_with_and_without_leading_space(llm):
     tokenizer = llm.get_tokenizer()
     plain = generate(llm, PROMPT, temperature=0.0, max_tokens=16, ignore_eos=True)
@@ -109,6 +112,7 @@ def test_bad_words_with_and_without_leading_space(llm):
         assert blocked.token_ids[:2] == plain.token_ids[:2] and blocked.token_ids[2:4] != pair
 
 
+@pytest.mark.slow
 def test_min_tokens_holds_back_eos_and_stop_token_ids(llm):
     assert len(generate(llm, EOS_FIRST, temperature=0.0, max_tokens=8).token_ids) == 1
     held = generate(llm, EOS_FIRST, temperature=0.0, max_tokens=8, min_tokens=4)
@@ -121,6 +125,7 @@ def test_min_tokens_holds_back_eos_and_stop_token_ids(llm):
     assert first not in later.token_ids[:3] and len(later.token_ids) >= 3
 
 
+@pytest.mark.slow
 def test_n_returns_indexed_completions_from_seeded_sub_requests(llm):
     output = llm.generate(PROMPT, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True),
                           use_tqdm=False)[0]
@@ -131,6 +136,7 @@ def test_n_returns_indexed_completions_from_seeded_sub_requests(llm):
     assert len({tuple(c.token_ids) for c in output.outputs}) > 1
 
 
+@pytest.mark.slow
 def test_best_of_keeps_the_best_by_cumulative_logprob(llm):
     output = llm.generate(PROMPT, SamplingParams(n=1, best_of=3, temperature=1.0, seed=11, max_tokens=6,
                                                  ignore_eos=True), use_tqdm=False)[0]
@@ -151,6 +157,7 @@ def _stream(llm, request_id, params):
     return outputs
 
 
+@pytest.mark.slow
 def test_output_kinds_delta_cumulative_final_only(llm):
     common = dict(temperature=0.0, max_tokens=12, ignore_eos=True)
     cumulative = _stream(llm, "kinds-c", SamplingParams(**common))
@@ -178,8 +185,9 @@ def test_n_with_delta_output_streams_each_index(llm):
 
 
 def test_detokenize_false_and_skip_special_tokens(llm):
-    raw = generate(llm, PROMPT, temperature=0.0, max_tokens=5, ignore_eos=True, detokenize=False)
+    raw = generate(llm, PROMPT, temperature=0.0, max_tokens=5, ignore_eos=True, detokenize=False, logprobs=2)
     assert raw.text == "" and len(raw.token_ids) == 5
+    assert all(lp.decoded_token is None for entry in raw.logprobs for lp in entry.values())
     eos = llm.get_tokenizer().eos_token_id
     specials = dict(temperature=0.0, max_tokens=3, ignore_eos=True, allowed_token_ids=[eos])
     skipped = generate(llm, PROMPT, **specials)

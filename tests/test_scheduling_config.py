@@ -33,6 +33,11 @@ def test_impossible_settings_name_the_field(kwargs, words):
         EngineArgs(**kwargs).create_engine_config()
 
 
+def test_prefix_caching_is_on_unless_turned_off():
+    assert EngineArgs().create_engine_config().cache_config.enable_prefix_caching
+    assert not EngineArgs(enable_prefix_caching=False).create_engine_config().cache_config.enable_prefix_caching
+
+
 def test_chunked_prefill_allows_a_budget_below_max_model_len():
     assert scheduler_config(max_model_len=4096, max_num_batched_tokens=32, max_num_seqs=32,
                             enable_chunked_prefill=True).max_num_batched_tokens == 32

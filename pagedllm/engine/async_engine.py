@@ -143,6 +143,7 @@ class AsyncLLMEngine:
         if not ids:
             return
         self.engine.abort_request(ids)
+        self.engine.do_log_stats()  # the loop may go idle now: let the gauges see the aborts
         for request_id in ids:
             queue = self._streams.get(request_id)
             if queue is not None:

@@ -241,6 +241,7 @@ class LLMEngine:
     def _finish_ignored(self, request: Request) -> list[RequestOutput]:
         metrics = self.output_processor.states[request.request_id].metrics
         outputs = self.output_processor.finish_ignored(request)
+        self.grammars.remove(request.request_id)
         self.stats.on_finished(request, metrics)
         return outputs
 

@@ -67,7 +67,8 @@ class OutputProcessor:
         for request in requests:
             state = self.states[request.request_id]
             if request.request_id in result.prompt_logprobs:
-                state.prompt_logprobs.extend(self._logprob_dicts(result.prompt_logprobs[request.request_id]))
+                state.prompt_logprobs.extend(self._logprob_dicts(result.prompt_logprobs[request.request_id],
+                                                                 request.sampling_params.detokenize))
             if request.request_id not in result.sampled_token_ids:
                 continue
             status = self._add_token(state, result.logprobs.get(request.request_id))
@@ -106,22 +107,23 @@ class OutputProcessor:
         request = state.request
         new_text = state.detokenizer.add_token(request.output_token_ids[-1]) if state.detokenizer else ""
         if logprobs is not None and state.logprobs is not None:
-            state.logprobs.extend(self._logprob_dicts(logprobs))
+            state.logprobs.extend(self._logprob_dicts(logprobs, request.sampling_params.detokenize))
             state.cumulative_logprob += logprobs.logprobs[0][0]
         status, state.text = check_stop(request, state.text + new_text, len(new_text), self.max_model_len)
         return status
 
-    def _logprob_dicts(self, entry: TokenLogprobs) -> list[dict[int, Logprob]]:
+    def _logprob_dicts(self, entry: TokenLogprobs, detokenize: bool) -> list[dict[int, Logprob]]:
+        """Logprob entries; their decoded_token is None when the request asked for no detokenization."""
         dicts = []
         for ids, values, rank in zip(entry.token_ids, entry.logprobs, entry.ranks):
-            top = {tid: Logprob(value, i, self._decode_token(tid)) for i, (tid, value)
+            top = {tid: Logprob(value, i, self._decode_token(tid, detokenize)) for i, (tid, value)
                    in enumerate(zip(ids[1:], values[1:]), start=1)}
-            top.setdefault(ids[0], Logprob(values[0], rank, self._decode_token(ids[0])))
+            top.setdefault(ids[0], Logprob(values[0], rank, self._decode_token(ids[0], detokenize)))
             dicts.append(top)
         return dicts
 
-    def _decode_token(self, token_id: int) -> Optional[str]:
-        if self.tokenizer is None:
+    def _decode_token(self, token_id: int, detokenize: bool) -> Optional[str]:
+        if self.tokenizer is None or not detokenize:
             return None
         text = self._token_text.get(token_id)
         if text is None:

@@ -2,7 +2,8 @@
 
 A merged linear layer (QKV, gate-up) holds several logical projections in one weight so that one matmul
 computes them all; `load_shard` places each checkpoint tensor in its rows, which is also the seam where
-tensor-parallel slicing and LoRA deltas attach.
+tensor-parallel slicing and LoRA deltas attach. `quantize_int8` turns a loaded layer into weight-only int8
+(one scale per output row; activations stay in the model's dtype).
 """
 from __future__ import annotations
 
@@ -35,14 +36,26 @@ class MergedLinear(nn.Module):
         self.output_sizes = list(output_sizes)
         self.weight = nn.Parameter(torch.empty(sum(output_sizes), input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(sum(output_sizes)), requires_grad=False) if bias else None
+        self.scales: Optional[torch.Tensor] = None  # per output row, once quantized to int8
 
     def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
         start = sum(self.output_sizes[:shard])
         target = self.weight if name == "weight" else self.bias
         target.data[start:start + self.output_sizes[shard]].copy_(tensor)
 
+    def quantize_int8(self) -> None:
+        """Symmetric per-row int8 weights for PyTorch's packed int8 matmul (`_weight_int8pack_mm`)."""
+        dtype, weight = self.weight.dtype, self.weight.data.float()
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.weight = nn.Parameter(torch.round(weight / scales.unsqueeze(1)).to(torch.int8), requires_grad=False)
+        self.scales = scales.to(dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.scales is None:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), self.weight, self.scales.to(x.dtype))
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias
 
 
 class Linear(MergedLinear):

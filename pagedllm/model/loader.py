@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
+from pagedllm.model.layers import MergedLinear
 from pagedllm.model.llama import LlamaForCausalLM
 
 # Architectures served by the Llama-family implementation.
@@ -40,4 +41,9 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
     else:
         weights = _iter_safetensors(model_config.path)
     model.load_weights(weights)
-    return model.to(device=device, dtype=model_config.dtype).eval()
+    model = model.to(device=device, dtype=model_config.dtype).eval()
+    if model_config.quantization == "int8":
+        for module in model.modules():
+            if isinstance(module, MergedLinear):
+                module.quantize_int8()
+    return model

@@ -1,6 +1,7 @@
 """Greedy output on the real default model is the same whatever the scheduling and KV cache settings.
 
-Each configuration is one engine, built once; the reference is the shared default engine. Every
+Each configuration is one engine, built once; the reference is the shared default engine (prefix caching
+on, no chunked prefill, FCFS, recompute, a cache large enough for everything). Every
 configuration must also show that its feature was exercised (chunks, hits, preemptions, swaps).
 """
 from __future__ import annotations
@@ -25,7 +26,13 @@ PASSAGE = (
     "barometer readings and a map of the coast drawn by his grandfather, who had kept the same light for "
     "forty years before him and had taught him how to read the weather from the shape of the clouds. "
     "When the new automatic lamp was installed, the engineers asked whether he would miss the work. He said "
-    "that the light had never been the work; the watching was.")
+    "that the light had never been the work; the watching was. He moved to a cottage above the harbour, "
+    "where he could still see the tower from his kitchen window. Each evening he checked that the beam "
+    "turned on at dusk, counted its flashes against his watch, and noted the time in a new log, although "
+    "nobody asked him to. The children of the village came to hear his stories about shipwrecks, seals on "
+    "the rocks, the winter the bay froze, and the summer a whale followed the ferry for a week. When he "
+    "died, the village hung his old brass lamp in the harbour office, and the harbour master still lights "
+    "it on the first night of every winter, for the keeper and for everyone who is out at sea.")
 # (start, length) slices of the passage: 40 to 300 tokens, several sharing a prefix.
 SLICES = [(0, 40), (0, 150), (0, 300), (10, 75), (60, 203), (120, 260)]
 MAX_TOKENS = 24
@@ -34,8 +41,8 @@ SMALL_CACHE_BYTES = 1 << 28
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "chunked_prefill_32": dict(enable_chunked_prefill=True, max_num_batched_tokens=32, max_num_seqs=32,
-                               kv_cache_memory=SMALL_CACHE_BYTES),
-    "prefix_caching": dict(enable_prefix_caching=True, kv_cache_memory=SMALL_CACHE_BYTES),
+                               enable_prefix_caching=False, kv_cache_memory=SMALL_CACHE_BYTES),
+    "no_prefix_caching": dict(enable_prefix_caching=False, kv_cache_memory=SMALL_CACHE_BYTES),
     "tiny_cache_recompute": dict(num_gpu_blocks_override=TINY_CACHE, enable_prefix_caching=False),
     "tiny_cache_swap": dict(num_gpu_blocks_override=TINY_CACHE, preemption_mode="swap", swap_space=0.05,
                             enable_prefix_caching=False),
@@ -100,7 +107,7 @@ def test_greedy_output_is_identical_across_configurations(name, prompts, referen
     cached = [o.num_cached_tokens for o in outputs]
     if "chunked" in name:
         assert max(s.num_tokens for s in steps) == 32 and any(s.partial_prefill for s in steps)
-    if "prefix" in name:
+    if CONFIGS[name].get("enable_prefix_caching", True):
         assert sum(cached) >= 2 * 32  # the slices starting at 0 share their first blocks
     else:
         assert cached == [0] * len(prompts)
@@ -114,9 +121,8 @@ def test_greedy_output_is_identical_across_configurations(name, prompts, referen
 
 
 @pytest.mark.slow
-def test_a_repeated_prompt_reports_its_cached_full_blocks(prompts):
-    llm = LLM(enable_prefix_caching=True, kv_cache_memory=SMALL_CACHE_BYTES)
-    prompt = prompts[4]  # 203 tokens
+def test_a_repeated_prompt_reports_its_cached_full_blocks(llm, tokenizer):
+    prompt = TokensPrompt(prompt_token_ids=tokenizer.encode(PASSAGE)[205:408])  # in no other test
     first, second = generate(llm, [prompt]), generate(llm, [prompt])
     prompt_len = len(prompt["prompt_token_ids"])
     assert first[0].num_cached_tokens == 0

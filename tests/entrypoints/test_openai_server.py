@@ -56,12 +56,12 @@ def test_completion_and_chat(server, client, model):
 
 
 def test_streamed_equals_non_streamed(client, model):
-    kwargs = dict(model=model, prompt=PROMPT, max_tokens=24, temperature=0)
+    kwargs = dict(model=model, prompt=PROMPT, max_tokens=16, temperature=0)
     whole = client.completions.create(**kwargs).choices[0]
     pieces = list(client.completions.create(stream=True, **kwargs))
     assert "".join(p.choices[0].text for p in pieces if p.choices) == whole.text
     assert [p.choices[0].finish_reason for p in pieces if p.choices][-1] == whole.finish_reason
-    chat_kwargs = dict(model=model, messages=MESSAGES, max_tokens=24, temperature=0)
+    chat_kwargs = dict(model=model, messages=MESSAGES, max_tokens=16, temperature=0)
     reply = client.chat.completions.create(**chat_kwargs).choices[0].message.content
     chunks = list(client.chat.completions.create(stream=True, **chat_kwargs))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -106,19 +106,35 @@ def test_n2_with_logprobs(client, model):
 def test_echo_stop_seed_and_vllm_extras(client, model):
     echoed = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
     assert echoed.choices[0].text.startswith(PROMPT) and len(echoed.choices[0].text) > len(PROMPT)
-    free = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0,
+    free = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0,
                                      extra_body={"ignore_eos": True}).choices[0].text
     stop = free.strip()[-3:]
-    stopped = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop],
+    stopped = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                                         extra_body={"ignore_eos": True}).choices[0]
     assert stopped.finish_reason == "stop" and stop not in stopped.text and free.startswith(stopped.text)
-    seeded = [client.completions.create(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, seed=123,
+    seeded = [client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=123,
                                         extra_body={"top_k": 50, "min_p": 0.01, "repetition_penalty": 1.1,
-                                                    "min_tokens": 12}).choices[0].text for _ in range(2)]
+                                                    "min_tokens": 8}).choices[0].text for _ in range(2)]
     assert seeded[0] == seeded[1]
-    kept = client.completions.create(model=model, prompt=PROMPT, max_tokens=30, temperature=0, stop=[stop],
+    kept = client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop],
                                      extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
     assert kept.choices[0].text == stopped.text + stop
+
+
+def test_guided_decoding(client, model):
+    choices = ["apple pie", "banana", "cherry tart"]
+    picked = client.completions.create(model=model, prompt="My favourite dessert is", max_tokens=10,
+                                       temperature=1.0, seed=3, extra_body={"guided_choice": choices})
+    assert picked.choices[0].text in choices
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["age"]}
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "How old is the moon? Answer in JSON."}], max_tokens=30,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "age", "schema": schema}})
+    value = json.loads(reply.choices[0].message.content)
+    assert set(value) == {"age"} and 0 <= value["age"] <= 120
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model, prompt="x", extra_body={"guided_regex": "(unclosed"})
 
 
 def test_64_concurrent_requests_complete(server, model):
@@ -145,7 +161,7 @@ def test_64_concurrent_requests_complete(server, model):
     (dict(prompt=[10**9]), 400, "out of vocabulary"),
     (dict(prompt=[]), 400, "empty"),
     (dict(extra_body={"min_tokens": 20}, max_tokens=10), 400, "min_tokens"),
-    (dict(extra_body={"guided_regex": "a+"}), 400, "Guided decoding"),
+    (dict(extra_body={"guided_regex": "a+", "guided_choice": ["a"]}), 400, "one kind of guided decoding"),
     (dict(max_tokens="many"), 400, "max_tokens"),
     (dict(model="no-such-model"), 404, "does not exist"),
 ])
@@ -198,10 +214,9 @@ def _aborted(server, engine_request_id: str, timeout: float = 20.0) -> bool:
     return False
 
 
-def _running_gauge(server) -> float | None:
+def _running_gauge(server) -> float:
     text = httpx.get(f"{server.url}/metrics").text
-    match = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    return float(re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", text, re.MULTILINE).group(1))
 
 
 def test_disconnected_clients_abort_their_requests(server, model):
@@ -212,14 +227,18 @@ def test_disconnected_clients_abort_their_requests(server, model):
             lines = response.iter_lines()
             first = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: "):])
             assert first["id"] == "cmpl-gone-stream"
+            assert _running_gauge(server) >= 1
     assert _aborted(server, "cmpl-gone-stream-0")
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server.url}/v1/chat/completions", timeout=1.5,
-                   headers={"Authorization": f"Bearer {server.api_key}"}, json={"model": model, "messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True,
+                   headers={"Authorization": f"Bearer {server.api_key}"},
+                   json={"model": model, "messages": MESSAGES, "max_tokens": 4000, "ignore_eos": True,
                          "request_id": "gone-whole"})
     assert _aborted(server, "chatcmpl-gone-whole")
-    gauge = _running_gauge(server)
-    assert gauge in (None, 0.0)  # once the engine exports its metrics, nothing is left running
+    deadline = time.monotonic() + 10
+    while _running_gauge(server) != 0.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _running_gauge(server) == 0.0
 
 
 def test_server_stays_healthy(server, client, model):

@@ -5,16 +5,15 @@ from typing import Optional
 
 from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.protocol import SamplingFields
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import GuidedDecodingParams, RequestOutputKind, SamplingParams
 
-_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_GUIDED_FIELDS = ("json", "regex", "choice", "grammar")
 
 
 def to_sampling_params(request: SamplingFields, defaults: SamplingParams, max_tokens: int,
                        logprobs: Optional[int], prompt_logprobs: Optional[int]) -> SamplingParams:
     """SamplingParams for `request`; fields it leaves unset take the model's generation-config defaults.
     Invalid values raise ValueError from SamplingParams, which the server answers with 400."""
-    _reject_guided(request)
     if request.stream_options is not None and not request.stream:
         raise APIError("Stream options can only be defined when `stream=True`.", param="stream_options")
 
@@ -38,13 +37,29 @@ def to_sampling_params(request: SamplingFields, defaults: SamplingParams, max_to
         logprobs=logprobs, prompt_logprobs=prompt_logprobs, skip_special_tokens=request.skip_special_tokens,
         spaces_between_special_tokens=request.spaces_between_special_tokens,
         output_kind=RequestOutputKind.DELTA if request.stream else RequestOutputKind.FINAL_ONLY,
-        logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids)
+        logit_bias=logit_bias, allowed_token_ids=request.allowed_token_ids,
+        guided_decoding=guided_decoding(request))
 
 
-def _reject_guided(request: SamplingFields) -> None:
-    asked = [name for name in _GUIDED_FIELDS if getattr(request, name) is not None]
-    if request.response_format is not None and request.response_format.type != "text":
-        asked.append("response_format")
-    if asked:
-        raise APIError(f"Guided decoding ({', '.join(asked)}) is not supported by this server yet.",
-                       param=asked[0])
+def guided_decoding(request: SamplingFields) -> Optional[GuidedDecodingParams]:
+    """The constraint that `response_format` or a `guided_*` field asks for; more than one is a 400."""
+    kinds: dict[str, object] = {}
+    response_format = request.response_format
+    if response_format is not None and response_format.type == "json_object":
+        kinds["json_object"] = True
+    elif response_format is not None and response_format.type == "json_schema":
+        schema = (response_format.json_schema or {}).get("schema")
+        if schema is None:
+            raise APIError("response_format of type json_schema needs `json_schema.schema`.",
+                           param="response_format")
+        kinds["json"] = schema
+    for name in _GUIDED_FIELDS:
+        value = getattr(request, f"guided_{name}")
+        if value is not None:
+            kinds[name] = value
+    if not kinds:
+        return None
+    if len(kinds) > 1:
+        raise APIError(f"You can only use one kind of guided decoding, got {sorted(kinds)}.", param="response_format")
+    return GuidedDecodingParams(**kinds, backend=request.guided_decoding_backend,
+                                whitespace_pattern=request.guided_whitespace_pattern)

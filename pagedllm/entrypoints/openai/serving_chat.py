@@ -15,7 +15,6 @@ from pagedllm.entrypoints.openai.sampling import to_sampling_params
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.sse import event_stream, start_stream
 from pagedllm.entrypoints.openai.streams import until_disconnected
-from pagedllm.metrics.tracing import extract_trace_headers
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -33,9 +32,9 @@ class OpenAIServingChat(OpenAIServing):
         params = to_sampling_params(request, self.default_params, max_tokens, top if request.logprobs else None,
                                     request.prompt_logprobs)
         request_id = f"chatcmpl-{request.request_id}"
-        outputs = until_disconnected(self.engine.generate(
-            prompt, params, request_id, priority=request.priority,
-            trace_headers=extract_trace_headers(raw_request.headers)), raw_request)
+        stream = self.engine.generate(prompt, params, request_id, priority=request.priority,
+                                      trace_headers=self.trace_headers(raw_request))
+        outputs = until_disconnected(stream, raw_request)
         name = TokenNamer(self.tokenizer, request.return_tokens_as_token_ids)
         if request.stream:
             chunks = _ChunkBuilder(request_id, model, request, name, num_prompt_tokens)

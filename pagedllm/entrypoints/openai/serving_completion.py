@@ -1,7 +1,8 @@
 """POST /v1/completions: prompts in, one choice per prompt and sample, whole or as server-sent events."""
 from __future__ import annotations
 
-from typing import AsyncIterator, Optional, Union
+import functools
+from typing import AsyncIterator, Union
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
@@ -15,7 +16,6 @@ from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.sse import event_stream, prompt_logprobs_json, start_stream
 from pagedllm.entrypoints.openai.streams import merge_async_iterators, until_disconnected
 from pagedllm.inputs import TokensPrompt
-from pagedllm.metrics.tracing import extract_trace_headers
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -43,14 +43,13 @@ class OpenAIServingCompletion(OpenAIServing):
             max_tokens = self.max_tokens(len(prompt["prompt_token_ids"]), request.max_tokens)
             params = to_sampling_params(request, self.default_params, max_tokens, request.logprobs, prompt_logprobs)
             streams.append(self.engine.generate(prompt, params, f"{request_id}-{i}", priority=request.priority,
-                                                trace_headers=extract_trace_headers(raw_request.headers)))
+                                                trace_headers=self.trace_headers(raw_request)))
         outputs = until_disconnected(merge_async_iterators(*streams), raw_request)
         builder = _ChoiceBuilder(request, prompts, TokenNamer(self.tokenizer, request.return_tokens_as_token_ids),
                                  self.tokenizer)
         if request.stream:
-            return StreamingResponse(event_stream(await start_stream(outputs),
-                                                  lambda items: self._chunks(request_id, model, request, builder,
-                                                                             items)),
+            to_chunks = functools.partial(self._chunks, request_id, model, request, builder)
+            return StreamingResponse(event_stream(await start_stream(outputs), to_chunks),
                                      media_type="text/event-stream")
         finals: dict[int, RequestOutput] = {}
         async for index, output in outputs:

@@ -6,11 +6,13 @@ from http import HTTPStatus
 from typing import Any, Optional, Union
 
 import jinja2
+from starlette.requests import Request
 
 from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.protocol import ChatMessage
 from pagedllm.inputs import TokensPrompt
+from pagedllm.metrics.tracing import extract_trace_headers
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -25,6 +27,11 @@ class OpenAIServing:
         self.max_model_len = max_model_len
         self.default_params = default_params
         self.chat_template = load_chat_template(chat_template)
+
+    @staticmethod
+    def trace_headers(raw_request: Request) -> Optional[dict[str, str]]:
+        """The W3C trace context the client sent, for the request's span."""
+        return extract_trace_headers(raw_request.headers) or None
 
     def model_name(self, requested: Optional[str]) -> str:
         """The name to answer with; an unknown model is a 404."""

@@ -1,0 +1,214 @@
+"""Online serving benchmark: the `serving` workload sent to an OpenAI-compatible server, streaming.
+
+Requests arrive as a Poisson process at the workload's rate; each streams its completion and we time the
+first token (TTFT) and the mean time per later output token (TPOT). With no --url the script starts
+`pagedllm serve` on a free local port and stops it at the end. As a baseline from the same invocation it
+then runs the same requests offline through `LLM.generate` (all at once), and reports the server's output
+tokens/s as a ratio of that (skip it with --no-baseline).
+
+Request i draws from numpy.random.default_rng(seed): first all input lengths, then all output lengths
+(uniform, both ends included), then each prompt's token ids, then the inter-arrival gaps.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_workloads() -> Path:
+    """The shared workloads file, in a `shared/bench` folder beside the checkout or above it."""
+    for folder in REPO_ROOT.parents:
+        candidate = folder / "shared" / "bench" / "workloads.json"
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError("shared/bench/workloads.json not found above " + str(REPO_ROOT))
+
+
+@dataclass
+class BenchRequest:
+    prompt_token_ids: list[int]
+    output_len: int
+    send_at: float  # seconds after the start
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    error: str = ""
+
+
+def make_requests(workload: dict, num_requests: int, rate: float) -> list[BenchRequest]:
+    rng = np.random.default_rng(workload["seed"])
+    in_lo, in_hi = workload["input_len_range"]
+    out_lo, out_hi = workload["output_len_range"]
+    input_lens = rng.integers(in_lo, in_hi + 1, size=num_requests)
+    output_lens = rng.integers(out_lo, out_hi + 1, size=num_requests)
+    prompts = [rng.integers(workload["token_id_low"], workload["token_id_high"], size=int(n)).tolist()
+               for n in input_lens]
+    send_at = np.cumsum(rng.exponential(1.0 / rate, size=num_requests)) if rate > 0 else np.zeros(num_requests)
+    return [BenchRequest(p, int(o), float(t)) for p, o, t in zip(prompts, output_lens, send_at)]
+
+
+async def send(client: httpx.AsyncClient, model: str, request: BenchRequest, start: float) -> Result:
+    await asyncio.sleep(max(0.0, start + request.send_at - time.perf_counter()))
+    body = {"model": model, "prompt": request.prompt_token_ids, "max_tokens": request.output_len,
+            "temperature": 0.0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    ttft, tokens = None, 0
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                return Result(False, error=f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data: "):])
+                if "error" in chunk:
+                    return Result(False, error=chunk["error"]["message"])
+                if chunk["choices"] and ttft is None:
+                    ttft = time.perf_counter() - sent
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+    except httpx.HTTPError as error:
+        return Result(False, error=f"{type(error).__name__}: {error}")
+    return Result(True, ttft or 0.0, time.perf_counter() - sent, tokens)
+
+
+async def run_load(url: str, model: str, requests: list[BenchRequest], api_key: Optional[str]
+                   ) -> tuple[list[Result], float]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=len(requests))
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=None, limits=limits) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(send(client, model, r, start) for r in requests))
+        return list(results), time.perf_counter() - start
+
+
+def _percentiles(values: list[float], scale: float = 1000.0) -> dict[str, Optional[float]]:
+    if not values:
+        return {"mean": None, "p50": None, "p99": None}
+    array = np.asarray(values) * scale
+    return {"mean": float(array.mean()), "p50": float(np.percentile(array, 50)),
+            "p99": float(np.percentile(array, 99))}
+
+
+def summarize(results: list[Result], duration: float) -> dict:
+    done = [r for r in results if r.ok]
+    output_tokens = sum(r.output_tokens for r in done)
+    tpots = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    return {
+        "completed": len(done), "errors": len(results) - len(done),
+        "error_examples": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration, "request_throughput_per_s": len(done) / duration,
+        "output_tokens": output_tokens, "output_tokens_per_s": output_tokens / duration,
+        "ttft_ms": _percentiles([r.ttft for r in done]), "tpot_ms": _percentiles(tpots),
+        "e2e_latency_ms": _percentiles([r.latency for r in done]),
+    }
+
+
+def offline_baseline(requests: list[BenchRequest], engine_flags: list[str]) -> dict:
+    """The same requests through `LLM.generate` at once: the engine's capacity without HTTP or arrivals."""
+    from pagedllm import LLM, SamplingParams
+    from pagedllm.config import EngineArgs
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    engine_args = vars(EngineArgs.from_cli_args(parser.parse_args(engine_flags)))
+    llm = LLM(**engine_args)
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=r.output_len) for r in requests]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    duration = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return {"duration_s": duration, "output_tokens": tokens, "output_tokens_per_s": tokens / duration}
+
+
+def start_server(port: int, engine_flags: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port",
+               str(port), "--disable-log-requests", "--uvicorn-log-level", "warning", *engine_flags]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.Popen(command, env=env, cwd=REPO_ROOT)
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"The server exited with code {process.returncode}.")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"The server was not healthy after {timeout} s.")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default=None, help="A running server (without /v1); default: start one.")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--workloads", default=None, help="Default: shared/bench/workloads.json.")
+    parser.add_argument("--num-requests", type=int, default=None, help="Fewer requests for a quick check.")
+    parser.add_argument("--output", default=None, help="Write the JSON result here too.")
+    parser.add_argument("--no-baseline", action="store_true", help="Skip the offline LLM.generate baseline.")
+    parser.add_argument("engine_flags", nargs=argparse.REMAINDER,
+                        help="After `--`: EngineArgs flags for the started server and the baseline.")
+    args = parser.parse_args()
+    engine_flags = [f for f in args.engine_flags if f != "--"]
+    workload = json.loads(Path(args.workloads or find_workloads()).read_text())["serving"]
+    num_requests = args.num_requests or workload["num_requests"]
+    requests = make_requests(workload, num_requests, workload["request_rate_per_s"])
+
+    process = None
+    url = args.url
+    if url is None:
+        url = f"http://127.0.0.1:{free_port()}"
+        process = start_server(int(url.rsplit(":", 1)[1]), engine_flags)
+    try:
+        wait_healthy(url, process) if process else None
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
+        results, duration = asyncio.run(run_load(url, model, requests, args.api_key))
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=60)
+
+    report = {"workload": {**workload, "num_requests": num_requests}, "server": summarize(results, duration)}
+    print(json.dumps(report["server"]), file=sys.stderr, flush=True)
+    if not args.no_baseline:
+        report["offline_baseline"] = offline_baseline(requests, engine_flags)
+        report["server_vs_offline_output_tokens_per_s"] = (report["server"]["output_tokens_per_s"]
+                                                           / report["offline_baseline"]["output_tokens_per_s"])
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Paged attention against dense causal attention, for every kind of sequence a step can hold."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pagedllm.core.request import Request
+from pagedllm.model.attention import allocate_kv_cache, paged_attention, write_kv
+from pagedllm.model.layers import MergedLinear
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.batch import build_model_input
+
+HEADS, KV_HEADS, DIM, BLOCK = 4, 2, 8, 4
+
+
+def _request(name: str, length: int, computed: int, block_ids: list[int]) -> Request:
+    request = Request(name, list(range(1, length + 1)), SamplingParams(max_tokens=1), 0.0)
+    request.num_computed_tokens = computed
+    request.block_ids = block_ids
+    return request
+
+
+def test_paged_attention_matches_dense_attention():
+    torch.manual_seed(0)
+    # (total tokens, already computed): two fresh prefills of one length (grouped), one of another, a chunk
+    # after cached context, and decodes of different lengths (padded block tables).
+    shapes = [(5, 0), (5, 0), (3, 0), (9, 6), (10, 9), (3, 2), (7, 6)]
+    free = list(torch.randperm(40).tolist())
+    requests = [_request(str(i), n, c, [free.pop() for _ in range(-(-n // BLOCK))]) for i, (n, c) in enumerate(shapes)]
+    full = {r.request_id: [torch.randn(r.num_tokens, h, DIM) for h in (HEADS, KV_HEADS, KV_HEADS)] for r in requests}
+    cache = allocate_kv_cache(40, BLOCK, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    for r in requests:  # the context computed in earlier steps
+        slots = torch.tensor([r.block_ids[p // BLOCK] * BLOCK + p % BLOCK for p in range(r.num_computed_tokens)],
+                             dtype=torch.long)
+        write_kv(cache, full[r.request_id][1][:r.num_computed_tokens], full[r.request_id][2][:r.num_computed_tokens],
+                 slots)
+    batch = build_model_input([(r, r.num_tokens - r.num_computed_tokens) for r in requests], BLOCK,
+                              torch.device("cpu"))
+    q, k, v = (torch.cat([full[r.request_id][i][r.num_computed_tokens:] for r in batch.requests]) for i in range(3))
+    out = paged_attention(q, k, v, cache, batch.attn_metadata, DIM ** -0.5)
+    for r, start in zip(batch.requests, batch.query_starts):
+        fq, fk, fv = (x.transpose(0, 1).unsqueeze(0) for x in full[r.request_id])
+        dense = F.scaled_dot_product_attention(fq, fk, fv, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+        n = r.num_tokens - r.num_computed_tokens
+        torch.testing.assert_close(out[start:start + n], dense[r.num_computed_tokens:], atol=1e-5, rtol=1e-5)
+
+
+def test_int8_linear_stays_close_to_float():
+    torch.manual_seed(0)
+    layer = MergedLinear(64, [32, 16], bias=True)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    x = torch.randn(5, 64)
+    reference = layer(x)
+    layer.quantize_int8()
+    assert layer.weight.dtype == torch.int8
+    error = (layer(x) - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.02
