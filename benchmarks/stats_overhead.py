@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -90,6 +91,7 @@ def main() -> None:
             _set_stats(llm, mode == "on")
             timer.seconds = 0.0
             elapsed, output_tokens = _run(llm, prompts, params)
+            print(f"stats {mode}: {output_tokens / elapsed:.1f} output tokens/s", file=sys.stderr, flush=True)
             best[mode] = min(best[mode], elapsed)
             if mode == "on":
                 on_seconds += elapsed
