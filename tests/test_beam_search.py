@@ -39,9 +39,17 @@ def test_beam_search_equals_transformers(llm, hf_model):
 
 @pytest.mark.slow
 def test_length_penalty_ranks_by_normalised_score(llm):
-    params = BeamSearchParams(beam_width=3, max_tokens=6, length_penalty=2.0)
-    sequences = llm.beam_search(["Write a short poem about the sea."], params)[0].sequences
-    prompt_len = len(llm.get_tokenizer().encode("Write a short poem about the sea."))
-    scores = [s.cum_logprob / (len(s.tokens) - prompt_len) ** 2.0 for s in sequences]
-    assert len(sequences) == 3 and scores == sorted(scores, reverse=True)
-    assert any(s.finish_reason == "stop" for s in sequences)  # this prompt's best continuation is EOS
+    prompt = "Write a short poem about the sea."
+    prompt_len = len(llm.get_tokenizer().encode(prompt))
+
+    def best_first(length_penalty: float):
+        params = BeamSearchParams(beam_width=3, max_tokens=6, length_penalty=length_penalty)
+        sequences = llm.beam_search([prompt], params)[0].sequences
+        scores = [s.cum_logprob / (len(s.tokens) - prompt_len) ** length_penalty for s in sequences]
+        assert len(sequences) == 3 and scores == sorted(scores, reverse=True)
+        return sequences
+
+    # Unnormalised, the one-token EOS continuation has the best cumulative logprob; a strong length
+    # penalty divides the longer beams' logprobs by 36 instead of 1, so they overtake it.
+    assert best_first(0.0)[0].finish_reason == "stop"
+    assert all(s.finish_reason == "length" for s in best_first(2.0))
