@@ -86,13 +86,10 @@ class LlamaForCausalLM(nn.Module):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings, _rope_parameters(config))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
         self.requires_grad_(False)
-
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -108,7 +105,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into this model, merging split projections."""
@@ -119,7 +116,7 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight":
                 if not self.tie_word_embeddings:
-                    self.lm_head.data.copy_(tensor)
+                    self.lm_head.load_shard(0, "weight", tensor)
                 continue
             parts = name.split(".")
             if len(parts) >= 4 and parts[-2] in _MERGED_SHARDS:

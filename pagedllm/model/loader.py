@@ -42,8 +42,12 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
         weights = _iter_safetensors(model_config.path)
     model.load_weights(weights)
     model = model.to(device=device, dtype=model_config.dtype).eval()
+    linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
     if model_config.quantization == "int8":
-        for module in model.modules():
-            if isinstance(module, MergedLinear):
+        for module in linears:
+            if module is not model.lm_head:  # the LM head stays in full precision, as usual for weight-only int8
                 module.quantize_int8()
+    elif device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        for module in linears:
+            module.pack_for_cpu()
     return model
