@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -27,6 +25,9 @@ import httpx
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from pagedllm.entrypoints.openai.launch import launch_server  # noqa: E402
 
 
 def find_workloads() -> Path:
@@ -140,31 +141,11 @@ def offline_baseline(requests: list[BenchRequest], engine_flags: list[str]) -> d
     return {"duration_s": duration, "output_tokens": tokens, "output_tokens_per_s": tokens / duration}
 
 
-def start_server(port: int, engine_flags: list[str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port",
-               str(port), "--disable-log-requests", "--uvicorn-log-level", "warning", *engine_flags]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen(command, env=env, cwd=REPO_ROOT)
-
-
-def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"The server exited with code {process.returncode}.")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"The server was not healthy after {timeout} s.")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def measure(url: str, requests: list[BenchRequest], api_key: Optional[str]) -> tuple[list[Result], float]:
+    """Send the requests to the server at `url` (without /v1) under the first model it lists."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
+    return asyncio.run(run_load(url, model, requests, api_key))
 
 
 def main() -> None:
@@ -183,20 +164,9 @@ def main() -> None:
     num_requests = args.num_requests or workload["num_requests"]
     requests = make_requests(workload, num_requests, workload["request_rate_per_s"])
 
-    process = None
-    url = args.url
-    if url is None:
-        url = f"http://127.0.0.1:{free_port()}"
-        process = start_server(int(url.rsplit(":", 1)[1]), engine_flags)
-    try:
-        wait_healthy(url, process) if process else None
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
-        results, duration = asyncio.run(run_load(url, model, requests, args.api_key))
-    finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=60)
+    server = contextlib.nullcontext(args.url) if args.url else launch_server(["--disable-log-requests", *engine_flags])
+    with server as url:
+        results, duration = measure(url, requests, args.api_key)
 
     report = {"workload": {**workload, "num_requests": num_requests}, "server": summarize(results, duration)}
     print(json.dumps(report["server"]), file=sys.stderr, flush=True)
