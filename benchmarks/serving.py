@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -24,19 +25,10 @@ from typing import Optional
 import httpx
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.common import load_workload  # noqa: E402
 from pagedllm.entrypoints.openai.launch import launch_server  # noqa: E402
-
-
-def find_workloads() -> Path:
-    """The shared workloads file, in a `shared/bench` folder beside the checkout or above it."""
-    for folder in REPO_ROOT.parents:
-        candidate = folder / "shared" / "bench" / "workloads.json"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("shared/bench/workloads.json not found above " + str(REPO_ROOT))
 
 
 @dataclass
@@ -152,7 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=None, help="A running server (without /v1); default: start one.")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--workloads", default=None, help="Default: shared/bench/workloads.json.")
+    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--num-requests", type=int, default=None, help="Fewer requests for a quick check.")
     parser.add_argument("--output", default=None, help="Write the JSON result here too.")
     parser.add_argument("--no-baseline", action="store_true", help="Skip the offline LLM.generate baseline.")
@@ -160,7 +152,7 @@ def main() -> None:
                         help="After `--`: EngineArgs flags for the started server and the baseline.")
     args = parser.parse_args()
     engine_flags = [f for f in args.engine_flags if f != "--"]
-    workload = json.loads(Path(args.workloads or find_workloads()).read_text())["serving"]
+    workload = load_workload("serving", args.workloads_file)
     num_requests = args.num_requests or workload["num_requests"]
     requests = make_requests(workload, num_requests, workload["request_rate_per_s"])
 
