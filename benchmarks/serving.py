@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -26,16 +25,10 @@ from typing import Optional
 import httpx
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-def find_workloads() -> Path:
-    """The shared workloads file, in a `shared/bench` folder beside the checkout or above it."""
-    for folder in REPO_ROOT.parents:
-        candidate = folder / "shared" / "bench" / "workloads.json"
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError("shared/bench/workloads.json not found above " + str(REPO_ROOT))
+from benchmarks.common import load_workload  # noqa: E402
+from pagedllm.entrypoints.openai.launch import launch_server  # noqa: E402
 
 
 @dataclass
@@ -140,38 +133,18 @@ def offline_baseline(requests: list[BenchRequest], engine_flags: list[str]) -> d
     return {"duration_s": duration, "output_tokens": tokens, "output_tokens_per_s": tokens / duration}
 
 
-def start_server(port: int, engine_flags: list[str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--host", "127.0.0.1", "--port",
-               str(port), "--disable-log-requests", "--uvicorn-log-level", "warning", *engine_flags]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    return subprocess.Popen(command, env=env, cwd=REPO_ROOT)
-
-
-def wait_healthy(url: str, process: subprocess.Popen, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"The server exited with code {process.returncode}.")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"The server was not healthy after {timeout} s.")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def measure(url: str, requests: list[BenchRequest], api_key: Optional[str]) -> tuple[list[Result], float]:
+    """Send the requests to the server at `url` (without /v1) under the first model it lists."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
+    return asyncio.run(run_load(url, model, requests, api_key))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=None, help="A running server (without /v1); default: start one.")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--workloads", default=None, help="Default: shared/bench/workloads.json.")
+    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--num-requests", type=int, default=None, help="Fewer requests for a quick check.")
     parser.add_argument("--output", default=None, help="Write the JSON result here too.")
     parser.add_argument("--no-baseline", action="store_true", help="Skip the offline LLM.generate baseline.")
@@ -179,24 +152,13 @@ def main() -> None:
                         help="After `--`: EngineArgs flags for the started server and the baseline.")
     args = parser.parse_args()
     engine_flags = [f for f in args.engine_flags if f != "--"]
-    workload = json.loads(Path(args.workloads or find_workloads()).read_text())["serving"]
+    workload = load_workload("serving", args.workloads_file)
     num_requests = args.num_requests or workload["num_requests"]
     requests = make_requests(workload, num_requests, workload["request_rate_per_s"])
 
-    process = None
-    url = args.url
-    if url is None:
-        url = f"http://127.0.0.1:{free_port()}"
-        process = start_server(int(url.rsplit(":", 1)[1]), engine_flags)
-    try:
-        wait_healthy(url, process) if process else None
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        model = httpx.get(f"{url}/v1/models", headers=headers).json()["data"][0]["id"]
-        results, duration = asyncio.run(run_load(url, model, requests, args.api_key))
-    finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=60)
+    server = contextlib.nullcontext(args.url) if args.url else launch_server(["--disable-log-requests", *engine_flags])
+    with server as url:
+        results, duration = measure(url, requests, args.api_key)
 
     report = {"workload": {**workload, "num_requests": num_requests}, "server": summarize(results, duration)}
     print(json.dumps(report["server"]), file=sys.stderr, flush=True)

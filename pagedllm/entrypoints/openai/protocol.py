@@ -12,6 +12,10 @@ def random_id() -> str:
     return uuid.uuid4().hex
 
 
+def unix_time() -> int:
+    return int(time.time())
+
+
 class OpenAIBaseModel(BaseModel):
     # Unknown fields are accepted and ignored, as OpenAI clients send fields this server does not know.
     model_config = ConfigDict(extra="allow")
@@ -132,13 +136,23 @@ class CompletionChoice(OpenAIBaseModel):
     prompt_logprobs: Optional[list[Optional[dict[int, dict[str, Any]]]]] = None
 
 
-class CompletionResponse(OpenAIBaseModel):
+class ResponseHeader(OpenAIBaseModel):
+    """The fields every completion and chat body starts with; subclasses give `object` its value."""
+
     id: str
-    object: str = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    object: str
+    created: int = Field(default_factory=unix_time)
     model: str
+
+
+class CompletionResponse(ResponseHeader):
+    object: str = "text_completion"
     choices: list[CompletionChoice]
     usage: Optional[UsageInfo] = None
+
+
+class CompletionChunk(CompletionResponse):
+    """One streamed event; OpenAI gives it the same shape as the whole response."""
 
 
 class TopLogprob(OpenAIBaseModel):
@@ -181,37 +195,22 @@ class ChatChunkChoice(OpenAIBaseModel):
     stop_reason: Union[None, int, str] = None
 
 
-class ChatCompletionResponse(OpenAIBaseModel):
-    id: str
+class ChatCompletionResponse(ResponseHeader):
     object: str = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChoice]
     usage: UsageInfo
 
 
-class ChatCompletionChunk(OpenAIBaseModel):
-    id: str
+class ChatCompletionChunk(ResponseHeader):
     object: str = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Optional[UsageInfo] = None
-
-
-class CompletionChunk(OpenAIBaseModel):
-    id: str
-    object: str = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
     usage: Optional[UsageInfo] = None
 
 
 class ModelCard(OpenAIBaseModel):
     id: str
     object: str = "model"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int = Field(default_factory=unix_time)
     owned_by: str = "pagedllm"
     root: Optional[str] = None
     parent: Optional[str] = None
