@@ -1,10 +1,12 @@
 """Paged attention against dense causal attention, for every kind of sequence a step can hold."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from pagedllm.core.request import Request
+from pagedllm.model import attention
 from pagedllm.model.attention import allocate_kv_cache, paged_attention, write_kv
 from pagedllm.model.layers import MergedLinear
 from pagedllm.sampling_params import SamplingParams
@@ -20,7 +22,12 @@ def _request(name: str, length: int, computed: int, block_ids: list[int]) -> Req
     return request
 
 
-def test_paged_attention_matches_dense_attention():
+@pytest.mark.parametrize("decode_kernel", ["C", "gathered"])
+def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
+    if decode_kernel == "gathered":
+        monkeypatch.setattr(attention, "load_kernel", lambda *shape: None)
+    else:
+        assert attention.load_kernel(HEADS // KV_HEADS, DIM, BLOCK) is not None  # a C compiler is on this machine
     torch.manual_seed(0)
     # (total tokens, already computed): two fresh prefills of one length (grouped), one of another, a chunk
     # after cached context, and decodes of different lengths (padded block tables).
@@ -56,3 +63,15 @@ def test_int8_linear_stays_close_to_float():
     assert layer.weight.dtype == torch.int8
     error = (layer(x) - reference).abs().max() / reference.abs().max()
     assert 0 < error < 0.02
+
+
+def test_onednn_packed_linear_equals_dense():
+    torch.manual_seed(0)
+    layer = MergedLinear(64, [32, 16], bias=True)
+    torch.nn.init.normal_(layer.weight)
+    torch.nn.init.normal_(layer.bias)
+    x = torch.randn(3, 5, 64)
+    reference = layer(x)
+    layer.pack_for_cpu()
+    assert layer.weight is None and layer.packed_weight.is_mkldnn
+    torch.testing.assert_close(layer(x), reference, atol=1e-4, rtol=1e-4)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagedllm.model.cpu_attention import load_kernel
+
 KVCache = tuple[torch.Tensor, torch.Tensor]
 # Each cache tensor is [kv_heads, num_blocks, block_size, head_dim]: blocks sit on this dimension.
 BLOCK_DIM = 1
@@ -48,12 +50,12 @@ class AttentionMetadata:
     prefill_groups: list[PrefillGroup]
     prefills: list[PrefillSequence]  # those with cached context
     num_prefill_tokens: int
-    decode_block_ids: torch.Tensor  # [B * max_blocks] long: each decode's blocks, padded with its first block
-    decode_bias: torch.Tensor  # [B, 1, max_blocks * block_size] float: 0 where a key is visible, -inf elsewhere
+    decode_block_tables: torch.Tensor  # [B, max_blocks] long: each decode's blocks, padded with its first block
+    decode_context_lens: torch.Tensor  # [B] long: keys each decode attends to, its own included
 
     @property
     def num_decodes(self) -> int:
-        return self.decode_bias.shape[0]
+        return self.decode_context_lens.shape[0]
 
 
 def allocate_kv_cache(num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -113,16 +115,30 @@ def _context_attention(q: torch.Tensor, kv_cache: KVCache, seq: PrefillSequence,
 
 
 def _decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One query per sequence: q [B, heads, d] -> [B, heads, d].
+    """One query per sequence: q [B, heads, d] -> [B, heads, d]; on CPU in float32, the C kernel that reads
+    the blocks in place."""
+    heads, kv_heads, block_size = q.shape[1], kv_cache[0].shape[0], kv_cache[0].shape[2]
+    kernel = (load_kernel(heads // kv_heads, q.shape[2], block_size)
+              if q.device.type == "cpu" and q.dtype == torch.float32 else None)
+    if kernel is not None:
+        rows = torch.arange(q.shape[0])
+        return kernel(q, kv_cache[0], kv_cache[1], meta.decode_block_tables, rows, meta.decode_context_lens, scale)
+    return _gathered_decode_attention(q, kv_cache, meta, scale)
+
+
+def _gathered_decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata,
+                               scale: float) -> torch.Tensor:
+    """Decode attention in PyTorch over a gathered copy of each sequence's blocks.
 
     The heads sharing a KV head are treated as that head's query rows, so grouped-query attention needs no
     repeated keys: scores [kvh, B, group, L] come from one batched matmul over the gathered blocks."""
     batch, heads, dim = q.shape
-    kv_heads = kv_cache[0].shape[0]
-    keys, values = (cache.index_select(1, meta.decode_block_ids).view(kv_heads, batch, -1, dim)
+    kv_heads, block_size = kv_cache[0].shape[0], kv_cache[0].shape[2]
+    keys, values = (cache.index_select(1, meta.decode_block_tables.flatten()).view(kv_heads, batch, -1, dim)
                     for cache in kv_cache)  # [kvh, B, L, d]
     q = (q * scale).view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)
     scores = torch.matmul(q, keys.transpose(-1, -2))
-    scores += meta.decode_bias
+    hidden = torch.arange(keys.shape[2], device=q.device) >= meta.decode_context_lens.unsqueeze(1)
+    scores.masked_fill_(hidden.view(1, batch, 1, -1), float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1), values)  # [kvh, B, group, d]
     return out.transpose(0, 1).reshape(batch, heads, dim)

@@ -40,7 +40,7 @@ def build_model_input(scheduled: list[tuple[Request, int]], block_size: int, dev
         table = request.block_ids
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, begin + n))
     num_prefill_tokens = len(ids) - len(decodes)
-    block_ids, bias = _decode_blocks([r for r, _ in decodes], block_size)
+    block_tables = _decode_block_tables([r for r, _ in decodes])
     sample_rows = [i for i, (r, n) in enumerate(ordered) if r.num_computed_tokens + n == r.num_tokens]
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
@@ -48,7 +48,9 @@ def build_model_input(scheduled: list[tuple[Request, int]], block_size: int, dev
         prefills=[PrefillSequence(query_starts[len(fresh) + i], n, r.num_computed_tokens + n,
                                   torch.tensor(r.block_ids, dtype=torch.long, device=device))
                   for i, (r, n) in enumerate(with_context)],
-        num_prefill_tokens=num_prefill_tokens, decode_block_ids=block_ids.to(device), decode_bias=bias.to(device))
+        num_prefill_tokens=num_prefill_tokens, decode_block_tables=block_tables.to(device),
+        decode_context_lens=torch.tensor([r.num_computed_tokens + 1 for r, _ in decodes], dtype=torch.long,
+                                         device=device))
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -71,13 +73,11 @@ def _group_by_length(prefills: list[tuple[Request, int]]) -> list[PrefillGroup]:
     return groups
 
 
-def _decode_blocks(requests: list[Request], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each decode's block ids padded to the longest table with its own first block (so every gathered key
-    is a finite value of its own), and an additive mask hiding keys past its context."""
-    width = max((len(r.block_ids) for r in requests), default=1)
-    block_ids = torch.tensor([i for r in requests for i in r.block_ids + r.block_ids[:1] * (width - len(r.block_ids))],
-                             dtype=torch.long)
-    context_lens = torch.tensor([r.num_computed_tokens + 1 for r in requests], dtype=torch.long)
-    visible = torch.arange(width * block_size).unsqueeze(0) < context_lens.unsqueeze(1)
-    bias = torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))
-    return block_ids, bias.view(len(requests), 1, width * block_size)
+def _decode_block_tables(requests: list[Request]) -> torch.Tensor:
+    """Each decode's block ids, padded to the longest table with its own first block (so that every block
+    read is one of its own and holds finite values)."""
+    if not requests:
+        return torch.zeros((0, 1), dtype=torch.long)
+    width = max(len(r.block_ids) for r in requests)
+    return torch.tensor([r.block_ids + r.block_ids[:1] * (width - len(r.block_ids)) for r in requests],
+                        dtype=torch.long)

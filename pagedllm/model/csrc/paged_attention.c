@@ -1,0 +1,74 @@
+/* Attention of single query tokens over a paged KV cache, float32 on CPU.
+ *
+ * Each row is one query token (all its heads) of one sequence; it attends to the first row_lens[r]
+ * tokens of that sequence, found through the sequence's block table. The cache is read in place, block
+ * by block, with an online softmax: no gathered copy of the context is made. The query heads sharing a
+ * KV head are handled together, so each key and value is loaded once for all of them.
+ *
+ * Layouts: q, out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
+ * BLOCK_SIZE, HEAD_DIM]; block_tables [num_seqs, max_blocks]; row_seqs, row_lens [rows].
+ *
+ * The model's shape is fixed at compile time (-DGROUP, -DHEAD_DIM, -DBLOCK_SIZE) so that every inner
+ * loop has a constant trip count the compiler unrolls and vectorizes, exp included.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+
+#if !defined(GROUP) || !defined(HEAD_DIM) || !defined(BLOCK_SIZE)
+#error "compile with -DGROUP=<query heads per KV head> -DHEAD_DIM=<d> -DBLOCK_SIZE=<tokens per block>"
+#endif
+
+void paged_attention_rows(const float *q, const float *k_cache, const float *v_cache, float *out,
+                          const int64_t *block_tables, const int64_t *row_seqs, const int64_t *row_lens,
+                          int64_t rows, int64_t kv_heads, int64_t num_blocks, int64_t max_blocks, float scale) {
+    const int64_t heads = kv_heads * GROUP;
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t h = 0; h < kv_heads; h++) {
+            float query[GROUP][HEAD_DIM], acc[GROUP][HEAD_DIM], weights[GROUP][BLOCK_SIZE];
+            float running_max[GROUP], denominator[GROUP];
+            for (int g = 0; g < GROUP; g++) {
+                const float *src = q + (r * heads + h * GROUP + g) * HEAD_DIM;
+                for (int i = 0; i < HEAD_DIM; i++) {
+                    query[g][i] = src[i] * scale;
+                    acc[g][i] = 0.0f;
+                }
+                running_max[g] = -FLT_MAX;
+                denominator[g] = 0.0f;
+            }
+            const int64_t *table = block_tables + row_seqs[r] * max_blocks;
+            const int64_t length = row_lens[r];
+            for (int64_t start = 0; start < length; start += BLOCK_SIZE) {
+                const int64_t visible = length - start < BLOCK_SIZE ? length - start : BLOCK_SIZE;
+                const int64_t offset = (h * num_blocks + table[start / BLOCK_SIZE]) * BLOCK_SIZE * HEAD_DIM;
+                const float *keys = k_cache + offset, *values = v_cache + offset;
+                for (int g = 0; g < GROUP; g++) {
+                    float block_max = -FLT_MAX;
+                    for (int t = 0; t < BLOCK_SIZE; t++) {
+                        float dot = 0.0f;
+                        for (int i = 0; i < HEAD_DIM; i++) dot += query[g][i] * keys[t * HEAD_DIM + i];
+                        weights[g][t] = t < visible ? dot : -FLT_MAX;
+                        block_max = weights[g][t] > block_max ? weights[g][t] : block_max;
+                    }
+                    const float new_max = block_max > running_max[g] ? block_max : running_max[g];
+                    const float correction = expf(running_max[g] - new_max);
+                    float block_sum = 0.0f;
+                    for (int t = 0; t < BLOCK_SIZE; t++) {
+                        weights[g][t] = expf(weights[g][t] - new_max);
+                        block_sum += weights[g][t];
+                    }
+                    denominator[g] = denominator[g] * correction + block_sum;
+                    running_max[g] = new_max;
+                    for (int i = 0; i < HEAD_DIM; i++) acc[g][i] *= correction;
+                    for (int t = 0; t < visible; t++)
+                        for (int i = 0; i < HEAD_DIM; i++) acc[g][i] += weights[g][t] * values[t * HEAD_DIM + i];
+                }
+            }
+            for (int g = 0; g < GROUP; g++) {
+                float *dst = out + (r * heads + h * GROUP + g) * HEAD_DIM;
+                for (int i = 0; i < HEAD_DIM; i++) dst[i] = acc[g][i] / denominator[g];
+            }
+        }
+    }
+}
