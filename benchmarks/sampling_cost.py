@@ -2,8 +2,9 @@
 
 Runs the workload three times in one process on one engine (plain, guided by a regex, logprobs=20) and
 prints one JSON row: each run's time and output tokens/s, and each variant's time as a ratio to plain.
-Usage: python benchmarks/sampling_cost.py [--workloads PATH] [--num-prompts N] [--output-len N] [--device D]
-(--num-prompts / --output-len shrink the workload for a quick look; the row records what was run).
+Usage: python benchmarks/sampling_cost.py [--workloads-file PATH] [--num-prompts N] [--output-len N]
+[--device D] [--output PATH] (--num-prompts / --output-len shrink the workload for a quick look; the row
+records what was run).
 """
 from __future__ import annotations
 
@@ -11,29 +12,17 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
-from typing import Any
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pagedllm import LLM, SamplingParams
-from pagedllm.sampling_params import GuidedDecodingParams
+from benchmarks.common import load_workload, machine_info, peak_rss_mib, token_prompts, write_result  # noqa: E402
+from pagedllm import LLM, SamplingParams  # noqa: E402
+from pagedllm.sampling_params import GuidedDecodingParams  # noqa: E402
 
-DEFAULT_WORKLOADS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "bench", "workloads.json")
 # Lower-case words and punctuation, never finished: a mask every step for the whole output.
 GUIDE_REGEX = r"[a-z ,.]+"
-
-
-def load_workload(path: str) -> dict[str, Any]:
-    with open(path) as f:
-        return json.load(f)["throughput"]
-
-
-def make_prompts(workload: dict[str, Any], num_prompts: int) -> list[dict[str, list[int]]]:
-    rng = np.random.default_rng(workload["seed"])
-    ids = rng.integers(workload["token_id_low"], workload["token_id_high"],
-                       size=(workload["num_prompts"], workload["input_len"]))
-    return [{"prompt_token_ids": row.tolist()} for row in ids[:num_prompts]]
 
 
 def timed_run(llm: LLM, prompts: list, params: SamplingParams) -> dict[str, float]:
@@ -46,15 +35,16 @@ def timed_run(llm: LLM, prompts: list, params: SamplingParams) -> dict[str, floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=os.environ.get("PAGEDLLM_WORKLOADS", DEFAULT_WORKLOADS))
+    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/sampling_cost-<time>.json)")
     args = parser.parse_args()
-    workload = load_workload(args.workloads)
+    workload = load_workload("throughput", args.workloads_file)
     num_prompts = args.num_prompts or workload["num_prompts"]
     output_len = args.output_len or workload["output_len"]
-    prompts = make_prompts(workload, num_prompts)
+    prompts = [{"prompt_token_ids": ids} for ids in token_prompts(workload, workload["num_prompts"])[:num_prompts]]
     llm = LLM(device=args.device)
     base = dict(temperature=workload["temperature"], max_tokens=output_len, ignore_eos=True)
     variants = {
@@ -69,10 +59,11 @@ def main() -> None:
     row = {
         "benchmark": "sampling_cost", "workload": "throughput", "num_prompts": num_prompts,
         "input_len": workload["input_len"], "output_len": output_len, "device": args.device,
-        "runs": results,
+        "machine": machine_info(), "peak_rss_mib": round(peak_rss_mib(), 1), "runs": results,
         "time_ratio_vs_plain": {name: round(r["elapsed_s"] / plain, 3) for name, r in results.items()},
     }
     print(json.dumps(row))
+    print(f"wrote {write_result(row, args.output, 'sampling_cost')}")
 
 
 if __name__ == "__main__":

@@ -7,30 +7,22 @@ reports each mode's best output tokens/s, their ratio, and the share of the stat
 code (timed around the engine's stats calls), which does not depend on how busy the machine is.
 Prints one JSON row.
 
-    python benchmarks/stats_overhead.py [--workloads ../shared/bench/workloads.json] [--rounds 2]
+    python benchmarks/stats_overhead.py [--workloads-file PATH] [--rounds 2] [--output PATH]
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import json
+import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pagedllm import LLM, SamplingParams
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _prompts(workload: dict) -> list[dict]:
-    rng = np.random.default_rng(workload["seed"])
-    ids = rng.integers(workload["token_id_low"], workload["token_id_high"],
-                       size=(workload["num_prompts"], workload["input_len"]))
-    return [{"prompt_token_ids": row.tolist()} for row in ids]
+from benchmarks.common import load_workload, machine_info, peak_rss_mib, token_prompts, write_result  # noqa: E402
+from pagedllm import LLM, SamplingParams  # noqa: E402
 
 
 class _Timer:
@@ -73,12 +65,13 @@ def _run(llm: LLM, prompts: list[dict], params: SamplingParams) -> tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=str(ROOT.parent / "shared" / "bench" / "workloads.json"))
+    parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/stats_overhead-<time>.json)")
     args = parser.parse_args()
-    workload = json.loads(Path(args.workloads).read_text())["throughput"]
-    prompts = _prompts(workload)
+    workload = load_workload("throughput", args.workloads_file)
+    prompts = [{"prompt_token_ids": ids} for ids in token_prompts(workload, workload["num_prompts"])]
     params = SamplingParams(temperature=workload["temperature"], max_tokens=workload["output_len"],
                             ignore_eos=True)
     llm = LLM(args.model, kv_cache_memory=1 << 30, disable_log_stats=False)
@@ -102,12 +95,11 @@ def main() -> None:
         "input_len": workload["input_len"], "output_len": workload["output_len"], "rounds": args.rounds,
         "off_output_tokens_per_s": round(off_tps, 2), "on_output_tokens_per_s": round(on_tps, 2),
         "on_over_off": round(on_tps / off_tps, 4), "overhead_pct": round(100 * (1 - on_tps / off_tps), 2),
-        "stats_time_share_pct": round(100 * stats_seconds / on_seconds, 3),
+        "stats_time_share_pct": round(100 * stats_seconds / on_seconds, 3), "machine": machine_info(),
+        "peak_rss_mib": round(peak_rss_mib(), 1),
     }
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "stats_overhead.json").write_text(json.dumps(row, indent=2) + "\n")
     print(json.dumps(row))
+    print(f"wrote {write_result(row, args.output, 'stats_overhead')}")
 
 
 if __name__ == "__main__":

@@ -53,3 +53,23 @@ def test_length_penalty_ranks_by_normalised_score(llm):
     # penalty divides the longer beams' logprobs by 36 instead of 1, so they overtake it.
     assert best_first(0.0)[0].finish_reason == "stop"
     assert all(s.finish_reason == "length" for s in best_first(2.0))
+
+
+@pytest.mark.slow
+def test_beam_steps_reuse_the_cached_blocks_of_their_prefix(llm, monkeypatch):
+    prompt = "Once upon a time, in a small village at the foot of a tall mountain, there lived an old baker who"
+    prompt_len = len(llm.get_tokenizer().encode(prompt))
+    cached_per_step = []
+    generate = llm.generate
+
+    def recording_generate(*args, **kwargs):
+        outputs = generate(*args, **kwargs)
+        cached_per_step.append([output.num_cached_tokens for output in outputs])
+        return outputs
+
+    monkeypatch.setattr(llm, "generate", recording_generate)
+    llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=5))
+    assert prompt_len >= 16 and len(cached_per_step) == 5
+    for step, cached in enumerate(cached_per_step[1:], start=1):
+        # Each beam is the prompt plus `step` tokens: every full block of it is already in the cache.
+        assert all(c == (prompt_len + step) // 16 * 16 for c in cached), (step, cached)

@@ -1,5 +1,7 @@
 """Beam search over the engine: every step, all live beams of all prompts run as one batch of one-token
-requests whose top 2 * beam_width logprobs propose the candidates.
+requests whose top 2 * beam_width logprobs propose the candidates. With prefix caching (on by default) each
+such request finds every full block of its beam already cached, so a step computes at most one block's
+tokens per beam, never the whole sequence again.
 
 Selection follows Hugging Face transformers: per prompt, the 2 * beam_width best candidates by cumulative
 logprob are visited in order; an EOS candidate among the first beam_width becomes a finished hypothesis,

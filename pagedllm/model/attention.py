@@ -4,7 +4,8 @@ Each layer's cache is a pair of tensors [kv_heads, num_blocks, block_size, head_
 gathering a batch's blocks along that axis yields keys already laid out [kv_heads, batch, context, d],
 which batched matmuls read without a further copy. A request's tokens live in the blocks its block table
 lists. One step's tokens are laid out prefill sequences first (each a run of query tokens, possibly after
-already cached context), then decode tokens (one per request).
+already cached context), then decode tokens (one per request). On CPU in float32, decodes skip the gather:
+a C kernel (cpu_attention.py) reads their blocks in place.
 """
 from __future__ import annotations
 
