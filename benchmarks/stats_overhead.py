@@ -57,6 +57,7 @@ def _set_stats(llm: LLM, on: bool) -> None:
 
 
 def _run(llm: LLM, prompts: list[dict], params: SamplingParams) -> tuple[float, int]:
+    llm.reset_prefix_cache()  # every run computes its prompts: repeats must not hit the previous run's blocks
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
