@@ -134,7 +134,7 @@ def _gathered_decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: Attenti
     The heads sharing a KV head are treated as that head's query rows, so grouped-query attention needs no
     repeated keys: scores [kvh, B, group, L] come from one batched matmul over the gathered blocks."""
     batch, heads, dim = q.shape
-    kv_heads, block_size = kv_cache[0].shape[0], kv_cache[0].shape[2]
+    kv_heads = kv_cache[0].shape[0]
     keys, values = (cache.index_select(1, meta.decode_block_tables.flatten()).view(kv_heads, batch, -1, dim)
                     for cache in kv_cache)  # [kvh, B, L, d]
     q = (q * scale).view(batch, kv_heads, heads // kv_heads, dim).transpose(0, 1)

@@ -44,7 +44,8 @@ def load_kernel(group: int, head_dim: int, block_size: int) -> Optional[Kernel]:
     try:
         library = ctypes.CDLL(_build(compiler, defines))
     except (OSError, subprocess.CalledProcessError) as error:
-        logger.warning("Building the CPU attention kernel failed (%s): attention gathers blocks in PyTorch.", error)
+        detail = error.stderr.decode(errors="replace") if isinstance(error, subprocess.CalledProcessError) else error
+        logger.warning("Building the CPU attention kernel failed (%s): attention gathers blocks in PyTorch.", detail)
         return None
     function = library.paged_attention_rows
     function.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 4 + [ctypes.c_float]
