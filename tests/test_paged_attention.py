@@ -25,9 +25,9 @@ def _request(name: str, length: int, computed: int, block_ids: list[int]) -> Req
 @pytest.mark.parametrize("decode_kernel", ["C", "gathered"])
 def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
     if decode_kernel == "gathered":
-        monkeypatch.setattr(attention, "load_kernel", lambda *shape: None)
+        monkeypatch.setattr(attention, "load_attention_kernel", lambda *shape: None)
     else:
-        assert attention.load_kernel(HEADS // KV_HEADS, DIM, BLOCK) is not None  # a C compiler is on this machine
+        assert attention.load_attention_kernel(HEADS // KV_HEADS, DIM, BLOCK) is not None  # a C compiler is here
     torch.manual_seed(0)
     # (total tokens, already computed): two fresh prefills of one length (grouped), one of another, a chunk
     # after cached context, and decodes of different lengths (padded block tables).
@@ -44,6 +44,7 @@ def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
     batch = build_model_input([(r, r.num_tokens - r.num_computed_tokens) for r in requests], BLOCK,
                               torch.device("cpu"))
     q, k, v = (torch.cat([full[r.request_id][i][r.num_computed_tokens:] for r in batch.requests]) for i in range(3))
+    write_kv(cache, k, v, batch.attn_metadata.slot_mapping)
     out = paged_attention(q, k, v, cache, batch.attn_metadata, DIM ** -0.5)
     for r, start in zip(batch.requests, batch.query_starts):
         fq, fk, fv = (x.transpose(0, 1).unsqueeze(0) for x in full[r.request_id])

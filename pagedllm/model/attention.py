@@ -5,7 +5,7 @@ gathering a batch's blocks along that axis yields keys already laid out [kv_head
 which batched matmuls read without a further copy. A request's tokens live in the blocks its block table
 lists. One step's tokens are laid out prefill sequences first (each a run of query tokens, possibly after
 already cached context), then decode tokens (one per request). On CPU in float32, decodes skip the gather:
-a C kernel (cpu_attention.py) reads their blocks in place.
+a C kernel (cpu_kernels.py) reads their blocks in place.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pagedllm.model.cpu_attention import load_kernel
+from pagedllm.model.cpu_kernels import layer_ops_for, load_attention_kernel
+from pagedllm.model.layers import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 # Each cache tensor is [kv_heads, num_blocks, block_size, head_dim]: blocks sit on this dimension.
@@ -76,10 +77,27 @@ def write_kv(kv_cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: 
         cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slot_mapping, new.transpose(0, 1))
 
 
+def store_rotated_kv(qkv: torch.Tensor, heads: int, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache,
+                     meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Apply the rotary embedding to a step's merged projections qkv [T, heads + 2 * kv_heads, d] and store
+    its keys and values in the cache; returns q, k, v as views of qkv (rotated in place on CPU)."""
+    kv_heads = kv_cache[0].shape[0]
+    ops = layer_ops_for(qkv)
+    if ops is not None:
+        ops.rope_and_cache(qkv, *cos_sin, meta.slot_mapping, *kv_cache, heads)
+        return qkv.split([heads, kv_heads, kv_heads], dim=1)
+    # q and k are adjacent in the merged output: one rotation covers both.
+    qk = RotaryEmbedding.apply(qkv[:, :heads + kv_heads], cos_sin)
+    q, k = qk.split([heads, kv_heads], dim=1)
+    v = qkv[:, heads + kv_heads:]
+    write_kv(kv_cache, k, v, meta.slot_mapping)
+    return q, k, v
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: KVCache,
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """q [T, heads, d], k/v [T, kv_heads, d] of this step; returns [T, heads, d]."""
-    write_kv(kv_cache, k, v, meta.slot_mapping)
+    """q [T, heads, d], k/v [T, kv_heads, d] of this step, whose keys and values are already in the cache;
+    returns [T, heads, d]."""
     if not meta.prefill_groups and not meta.prefills:
         return _decode_attention(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
@@ -119,7 +137,7 @@ def _decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadat
     """One query per sequence: q [B, heads, d] -> [B, heads, d]; on CPU in float32, the C kernel that reads
     the blocks in place."""
     heads, kv_heads, block_size = q.shape[1], kv_cache[0].shape[0], kv_cache[0].shape[2]
-    kernel = (load_kernel(heads // kv_heads, q.shape[2], block_size)
+    kernel = (load_attention_kernel(heads // kv_heads, q.shape[2], block_size)
               if q.device.type == "cpu" and q.dtype == torch.float32 else None)
     if kernel is not None:
         rows = torch.arange(q.shape[0])

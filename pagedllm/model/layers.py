@@ -1,4 +1,5 @@
 """Building blocks of decoder models: RMSNorm, rotary embeddings and linear layers with merged shards.
+On CPU in float32 the element-wise steps run as C kernels (cpu_kernels.py), with PyTorch as the fallback.
 
 A merged linear layer (QKV, gate-up) holds several logical projections in one weight so that one matmul
 computes them all; `load_shard` places each checkpoint tensor in its rows, which is also the seam where
@@ -14,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.model.cpu_kernels import layer_ops_for
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -21,7 +24,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Any:
+        """norm(x); given the residual stream, adds x to it first and returns (normed, new residual), one
+        pass on CPU, where the residual is updated in place."""
+        ops = layer_ops_for(x)
+        if ops is not None:
+            normed = ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return normed if residual is None else (normed, residual)
+        if residual is None:
+            return self._norm(x)
+        residual = residual + x
+        return self._norm(residual), residual
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused kernel instead of five
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()

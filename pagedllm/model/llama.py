@@ -1,13 +1,14 @@
 """Llama-family decoder (Llama, SmolLM2, Qwen2 with QKV biases, Mistral) over a paged KV cache."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.attention import AttentionMetadata, KVCache, paged_attention
+from pagedllm.model.attention import AttentionMetadata, KVCache, paged_attention, store_rotated_kv
+from pagedllm.model.cpu_kernels import layer_ops_for
 from pagedllm.model.layers import Linear, MergedLinear, RMSNorm, RotaryEmbedding
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -34,13 +35,8 @@ class LlamaAttention(nn.Module):
 
     def forward(self, cos_sin: CosSin, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """cos_sin of the step's positions, x [T, hidden] -> [T, hidden]."""
-        qkv = self.qkv_proj(x)
-        num_qk = (self.num_heads + self.num_kv_heads) * self.head_dim
-        # q and k are adjacent in the merged output: one rotation covers both.
-        qk = RotaryEmbedding.apply(qkv[:, :num_qk].view(-1, self.num_heads + self.num_kv_heads, self.head_dim),
-                                   cos_sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-        v = qkv[:, num_qk:].view(-1, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)
+        q, k, v = store_rotated_kv(qkv, self.num_heads, cos_sin, kv_cache, meta)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
@@ -53,7 +49,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        ops = layer_ops_for(gate_up)
+        if ops is not None:
+            return self.down_proj(ops.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 
@@ -65,9 +65,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, cos_sin: CosSin, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(cos_sin, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, cos_sin: CosSin, x: torch.Tensor, residual: Optional[torch.Tensor], kv_cache: KVCache,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's input, the residual stream before it; None at the first layer) -> the same after it.
+        Each residual add happens inside the next norm, which does both in one pass."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(cos_sin, x, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 # Checkpoint projection name -> (merged module name, shard index).
@@ -97,11 +105,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_embeds [T, hidden], positions [T] -> final hidden states [T, hidden]."""
-        x = input_embeds
+        x, residual = input_embeds, None
         cos_sin = self.rotary.lookup(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(cos_sin, x, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(cos_sin, x, residual, kv_cache, meta)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> float32 logits [N, vocab]."""

@@ -3,7 +3,8 @@
  * Each row is one query token (all its heads) of one sequence; it attends to the first row_lens[r]
  * tokens of that sequence, found through the sequence's block table. The cache is read in place, block
  * by block, with an online softmax: no gathered copy of the context is made. The query heads sharing a
- * KV head are handled together, so each key and value is loaded once for all of them.
+ * KV head are handled together, so each key and value is loaded once for all of them. Blocks lie apart in
+ * memory, where the hardware prefetcher does not follow: each block's successor is prefetched by hand.
  *
  * Layouts: q, out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
  * BLOCK_SIZE, HEAD_DIM]; block_tables [num_seqs, max_blocks]; row_seqs, row_lens [rows].
@@ -14,6 +15,8 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+
+#include "fast_exp.h"
 
 #if !defined(GROUP) || !defined(HEAD_DIM) || !defined(BLOCK_SIZE)
 #error "compile with -DGROUP=<query heads per KV head> -DHEAD_DIM=<d> -DBLOCK_SIZE=<tokens per block>"
@@ -43,27 +46,37 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
                 const int64_t visible = length - start < BLOCK_SIZE ? length - start : BLOCK_SIZE;
                 const int64_t offset = (h * num_blocks + table[start / BLOCK_SIZE]) * BLOCK_SIZE * HEAD_DIM;
                 const float *keys = k_cache + offset, *values = v_cache + offset;
+                if (start + BLOCK_SIZE < length) {
+                    const int64_t next = (h * num_blocks + table[start / BLOCK_SIZE + 1]) * BLOCK_SIZE * HEAD_DIM;
+                    for (int line = 0; line < BLOCK_SIZE * HEAD_DIM; line += 16) {
+                        __builtin_prefetch(k_cache + next + line);
+                        __builtin_prefetch(v_cache + next + line);
+                    }
+                }
+                float scores[GROUP][BLOCK_SIZE];
+                for (int t = 0; t < BLOCK_SIZE; t++) {
+                    float dot[GROUP] = {0};
+                    for (int g = 0; g < GROUP; g++)
+                        for (int i = 0; i < HEAD_DIM; i++) dot[g] += query[g][i] * keys[t * HEAD_DIM + i];
+                    for (int g = 0; g < GROUP; g++) scores[g][t] = t < visible ? dot[g] : -FLT_MAX;
+                }
                 for (int g = 0; g < GROUP; g++) {
                     float block_max = -FLT_MAX;
-                    for (int t = 0; t < BLOCK_SIZE; t++) {
-                        float dot = 0.0f;
-                        for (int i = 0; i < HEAD_DIM; i++) dot += query[g][i] * keys[t * HEAD_DIM + i];
-                        weights[g][t] = t < visible ? dot : -FLT_MAX;
-                        block_max = weights[g][t] > block_max ? weights[g][t] : block_max;
-                    }
+                    for (int t = 0; t < BLOCK_SIZE; t++) block_max = scores[g][t] > block_max ? scores[g][t] : block_max;
                     const float new_max = block_max > running_max[g] ? block_max : running_max[g];
-                    const float correction = expf(running_max[g] - new_max);
+                    const float correction = fast_exp(running_max[g] - new_max);
                     float block_sum = 0.0f;
                     for (int t = 0; t < BLOCK_SIZE; t++) {
-                        weights[g][t] = expf(weights[g][t] - new_max);
+                        weights[g][t] = t < visible ? fast_exp(scores[g][t] - new_max) : 0.0f;
                         block_sum += weights[g][t];
                     }
                     denominator[g] = denominator[g] * correction + block_sum;
                     running_max[g] = new_max;
                     for (int i = 0; i < HEAD_DIM; i++) acc[g][i] *= correction;
-                    for (int t = 0; t < visible; t++)
-                        for (int i = 0; i < HEAD_DIM; i++) acc[g][i] += weights[g][t] * values[t * HEAD_DIM + i];
                 }
+                for (int t = 0; t < visible; t++)
+                    for (int g = 0; g < GROUP; g++)
+                        for (int i = 0; i < HEAD_DIM; i++) acc[g][i] += weights[g][t] * values[t * HEAD_DIM + i];
             }
             for (int g = 0; g < GROUP; g++) {
                 float *dst = out + (r * heads + h * GROUP + g) * HEAD_DIM;

@@ -1,0 +1,158 @@
+"""The C kernels of the CPU float32 path (csrc/): compiled on first use for the model's shape, cached on
+disk, called through ctypes.
+
+- paged_attention.c: decode attention reading the paged cache in place. PyTorch has no attention over a
+  paged cache; gathering each sequence's blocks into a contiguous copy every step costs more than the
+  attention itself.
+- layer_ops.c: a decoder layer's element-wise steps (residual add with RMSNorm, rotary embedding with the
+  cache write, SiLU-and-multiply), one call each instead of several PyTorch operators, whose dispatch
+  dominates at decode.
+
+The kernels are plain C with OpenMP and link PyTorch's own OpenMP runtime, so they share PyTorch's threads.
+Where no C compiler is found, or it fails, the loaders return None and the model runs PyTorch operators.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
+_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedllm", "kernels")
+# -ffast-math lets the compiler vectorize the reductions; the kernels never rely on inf or NaN.
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+
+# (q, k_cache, v_cache, block_tables, row_seqs, row_lens, scale) -> out
+AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                            float], torch.Tensor]
+
+
+class LayerOps(NamedTuple):
+    """Bound functions of layer_ops.c; their signatures are those of the wrappers in load_layer_ops."""
+
+    add_rms_norm: Callable[..., torch.Tensor]
+    rope_and_cache: Callable[..., None]
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
+
+
+@functools.cache
+def load_attention_kernel(group: int, head_dim: int, block_size: int) -> Optional[AttentionKernel]:
+    """Decode attention for this shape of model and cache, or None where it cannot be built."""
+    library = _load("paged_attention.c", {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size})
+    if library is None:
+        return None
+    function = _bind(library.paged_attention_rows, 7, 4, float_args=1)
+
+    def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+            row_seqs: torch.Tensor, row_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        function(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
+                 row_seqs.data_ptr(), row_lens.data_ptr(), q.shape[0], k_cache.shape[0], k_cache.shape[1],
+                 block_tables.shape[1], scale)
+        return out
+
+    return run
+
+
+def layer_ops_for(x: torch.Tensor) -> Optional[LayerOps]:
+    """The C layer steps where they serve x (float32 on CPU, compiler present), else None."""
+    return load_layer_ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+
+
+@functools.cache
+def load_layer_ops() -> Optional[LayerOps]:
+    """The element-wise layer steps, or None where they cannot be built."""
+    library = _load("layer_ops.c", {})
+    if library is None:
+        return None
+    norm = _bind(library.add_rms_norm, 4, 2, float_args=1)
+    rope = _bind(library.rope_and_cache, 6, 5)
+    silu = _bind(library.silu_and_mul, 2, 2)
+
+    def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """norm(x) * weight, or, given a residual, residual += x in place and norm(residual) * weight."""
+        out = torch.empty_like(x)
+        norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
+             x.shape[0], x.shape[1], eps)
+        return out
+
+    def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                       k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> None:
+        """Rotate qkv's query and key heads in place and store its keys and values in their cache slots."""
+        kv_heads, head_dim = k_cache.shape[0], k_cache.shape[-1]
+        rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
+             v_cache.data_ptr(), qkv.shape[0], heads, kv_heads, k_cache[0].numel() // head_dim, head_dim)
+
+    def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+        out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+        silu(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
+        return out
+
+    return LayerOps(add_rms_norm, rope_and_cache, silu_and_mul)
+
+
+def _bind(function, pointers: int, integers: int, float_args: int = 0):
+    function.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * integers + [ctypes.c_float] * float_args
+    function.restype = None
+    return function
+
+
+def _load(source: str, defines: dict[str, int]) -> Optional[ctypes.CDLL]:
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        logger.warning("No C compiler found: the CPU path runs PyTorch operators instead of %s (slower).", source)
+        return None
+    try:
+        return ctypes.CDLL(_build(compiler, source, [f"-D{name}={value}" for name, value in defines.items()]))
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = error.stderr.decode(errors="replace") if isinstance(error, subprocess.CalledProcessError) else error
+        logger.warning("Building %s failed (%s): the CPU path runs PyTorch operators instead.", source, detail)
+        return None
+
+
+def _build(compiler: str, source: str, defines: list[str]) -> str:
+    """Compile into the cache unless these sources, these flags and this CPU were already built for."""
+    contents = b""
+    for name in sorted(os.listdir(_SOURCES)):  # the source and the headers it may include
+        with open(os.path.join(_SOURCES, name), "rb") as f:
+            contents += name.encode() + b"\0" + f.read()
+    key = hashlib.sha256(b"\0".join([source.encode(), contents, " ".join([compiler, *_FLAGS, *defines]).encode(),
+                                     _cpu_signature().encode()])).hexdigest()[:16]
+    path = os.path.join(_CACHE_DIR, f"{os.path.splitext(source)[0]}-{key}.so")
+    if os.path.exists(path):
+        return path
+    os.makedirs(_CACHE_DIR, exist_ok=True)
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")  # PyTorch's libgomp, not a second runtime
+    fd, partial = tempfile.mkstemp(dir=_CACHE_DIR, suffix=".so")
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *_FLAGS, *defines, os.path.join(_SOURCES, source), "-o", partial,
+                        f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], check=True, capture_output=True)
+        os.replace(partial, path)  # atomic: processes building at once never load a half-written file
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return path
+
+
+def _cpu_signature() -> str:
+    """-march=native code runs only on this CPU model: key the build by it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags"))]
+        return platform.machine() + "".join(sorted(set(lines)))
+    except OSError:
+        return platform.machine() + platform.processor()

@@ -1,0 +1,68 @@
+"""The C layer steps of the CPU path against the PyTorch operators they replace."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.model import cpu_kernels
+from pagedllm.model.attention import allocate_kv_cache, write_kv
+from pagedllm.model.layers import RotaryEmbedding
+
+HEADS, KV_HEADS, DIM = 6, 2, 16
+
+
+@pytest.fixture(scope="module")
+def ops() -> cpu_kernels.LayerOps:
+    ops = cpu_kernels.load_layer_ops()
+    assert ops is not None  # a C compiler is on this machine
+    return ops
+
+
+@pytest.mark.parametrize("rows", [3, 300])  # one thread, and rows enough to run in parallel
+def test_add_rms_norm(ops, rows):
+    torch.manual_seed(0)
+    x, residual, weight = torch.randn(rows, 96), torch.randn(rows, 96), torch.randn(96)
+    torch.testing.assert_close(ops.add_rms_norm(x, None, weight, 1e-5), F.rms_norm(x, (96,), weight, 1e-5))
+    expected_residual = residual + x
+    normed = ops.add_rms_norm(x, residual, weight, 1e-5)
+    torch.testing.assert_close(residual, expected_residual)  # updated in place
+    torch.testing.assert_close(normed, F.rms_norm(expected_residual, (96,), weight, 1e-5))
+
+
+def test_rope_and_cache(ops):
+    torch.manual_seed(0)
+    tokens = 5
+    rotary = RotaryEmbedding(DIM, 64, {"rope_theta": 10000.0})
+    cos_sin = rotary.lookup(torch.tensor([0, 3, 7, 8, 40]), torch.float32)
+    qkv = torch.randn(tokens, HEADS + 2 * KV_HEADS, DIM)
+    slots = torch.tensor([9, 2, 30, 31, 0])
+    expected_cache = allocate_kv_cache(8, 4, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    rotated = RotaryEmbedding.apply(qkv[:, :HEADS + KV_HEADS], cos_sin)
+    write_kv(expected_cache, rotated[:, HEADS:], qkv[:, HEADS + KV_HEADS:], slots)
+
+    cache = allocate_kv_cache(8, 4, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    ops.rope_and_cache(qkv, *cos_sin, slots, *cache, HEADS)
+    torch.testing.assert_close(qkv[:, :HEADS + KV_HEADS], rotated)
+    for got, expected in zip(cache, expected_cache):
+        torch.testing.assert_close(got, expected)
+
+
+def test_silu_and_mul(ops):
+    torch.manual_seed(0)
+    gate_up = torch.randn(4, 2 * 40) * 30  # large magnitudes reach both ends of exp's range
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_model_with_c_layer_steps_equals_pytorch_operators(tiny_model_dir, monkeypatch):
+    prompts = [{"prompt_token_ids": list(range(10 + i, 40 + 5 * i))} for i in range(3)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
+    with_c = LLM(tiny_model_dir, num_gpu_blocks_override=64).generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(cpu_kernels, "load_layer_ops", lambda: None)
+    with_torch = LLM(tiny_model_dir, num_gpu_blocks_override=64).generate(prompts, params, use_tqdm=False)
+    for c, t in zip(with_c, with_torch):
+        assert c.outputs[0].token_ids == t.outputs[0].token_ids
+        assert c.outputs[0].cumulative_logprob == pytest.approx(t.outputs[0].cumulative_logprob, abs=1e-4)
