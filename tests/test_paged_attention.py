@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.core.request import Request
-from pagedllm.model import attention
+from pagedllm.model import attention, layers
 from pagedllm.model.attention import allocate_kv_cache, paged_attention, write_kv
 from pagedllm.model.layers import MergedLinear
 from pagedllm.sampling_params import SamplingParams
@@ -53,16 +53,23 @@ def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
         torch.testing.assert_close(out[start:start + n], dense[r.num_computed_tokens:], atol=1e-5, rtol=1e-5)
 
 
-def test_int8_linear_stays_close_to_float():
+@pytest.mark.parametrize("rows", [1, 5, 300])  # the C kernel for one row, for an odd few; past 256, dequantized
+@pytest.mark.parametrize("kernel", ["C", "PyTorch"])
+def test_int8_linear_stays_close_to_float(rows, kernel, monkeypatch):
+    if kernel == "PyTorch":
+        monkeypatch.setattr(layers, "load_int8_linear", lambda: None)
     torch.manual_seed(0)
     layer = MergedLinear(64, [32, 16], bias=True)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
-    x = torch.randn(5, 64)
+    x = torch.randn(rows, 64)
     reference = layer(x)
     layer.quantize_int8()
     assert layer.weight.dtype == torch.int8
-    error = (layer(x) - reference).abs().max() / reference.abs().max()
+    got = layer(x)
+    dequantized = x @ (layer.weight.float() * layer.scales.unsqueeze(1)).T + layer.bias
+    torch.testing.assert_close(got, dequantized, atol=1e-4, rtol=1e-4)
+    error = (got - reference).abs().max() / reference.abs().max()
     assert 0 < error < 0.02
 
 

@@ -47,7 +47,8 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
         for module in linears:
             if module is not model.lm_head:  # the LM head stays in full precision, as usual for weight-only int8
                 module.quantize_int8()
-    elif device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+    if device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
         for module in linears:
-            module.pack_for_cpu()
+            if module.scales is None:
+                module.pack_for_cpu()
     return model
