@@ -72,8 +72,8 @@ class MergedLinear(nn.Module):
         self.scales = scales.to(dtype)
 
     def pack_for_cpu(self) -> None:
-        """Reorder the float32 weight once into oneDNN's blocked layout and drop the dense copy: on AVX2 CPUs
-        its matmul runs 1.2x (prefill) to 2x (decode, LM head) faster than the default BLAS path."""
+        """Reorder the float32 weight once into oneDNN's blocked layout and drop the dense copy; the loader
+        does so on CPUs where oneDNN's matmul beats the default BLAS (loader._onednn_beats_blas)."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, None)
         self.weight = None
 

@@ -26,6 +26,19 @@ def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from load_file(file).items()
 
 
+def _onednn_beats_blas() -> bool:
+    """Whether prepacking float32 weights for oneDNN pays on this CPU. PyTorch's default BLAS is MKL, whose
+    kernels are tuned for Intel CPUs: measured on AMD Zen 3, oneDNN ran prefill 1.2x and decode 2x faster than
+    it; measured on an Intel Xeon, MKL ran prefill 1.15x and batch-1 decode 1.1x faster than oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return not any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return True
+
+
 def load_model(model_config: ModelConfig, device: str) -> nn.Module:
     """The model with its weights, in model_config.dtype on `device`, in inference mode."""
     hf_config = model_config.hf_config
@@ -47,7 +60,7 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
         for module in linears:
             if module is not model.lm_head:  # the LM head stays in full precision, as usual for weight-only int8
                 module.quantize_int8()
-    if device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+    if device == "cpu" and model_config.dtype == torch.float32 and _onednn_beats_blas():
         for module in linears:
             if module.scales is None:
                 module.pack_for_cpu()
