@@ -73,13 +73,19 @@ def test_int8_linear_stays_close_to_float(rows, kernel, monkeypatch):
     assert 0 < error < 0.02
 
 
-def test_onednn_packed_linear_equals_dense():
+@pytest.mark.parametrize("layout", ["oneDNN", "transposed"])
+def test_cpu_weight_layouts_equal_dense(layout):
     torch.manual_seed(0)
     layer = MergedLinear(64, [32, 16], bias=True)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
     x = torch.randn(3, 5, 64)
     reference = layer(x)
-    layer.pack_for_cpu()
-    assert layer.weight is None and layer.packed_weight.is_mkldnn
+    if layout == "oneDNN":
+        layer.pack_for_cpu()
+        assert layer.packed_weight.is_mkldnn
+    else:
+        layer.transpose_for_cpu()
+        assert layer.transposed_weight.shape == (64, 48) and layer.transposed_weight.is_contiguous()
+    assert layer.weight is None
     torch.testing.assert_close(layer(x), reference, atol=1e-4, rtol=1e-4)

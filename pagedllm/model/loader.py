@@ -60,8 +60,9 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
         for module in linears:
             if module is not model.lm_head:  # the LM head stays in full precision, as usual for weight-only int8
                 module.quantize_int8()
-    if device == "cpu" and model_config.dtype == torch.float32 and _onednn_beats_blas():
+    if device == "cpu" and model_config.dtype == torch.float32:
+        onednn = _onednn_beats_blas()
         for module in linears:
             if module.scales is None:
-                module.pack_for_cpu()
+                module.pack_for_cpu() if onednn else module.transpose_for_cpu()
     return model
