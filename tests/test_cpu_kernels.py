@@ -20,10 +20,10 @@ def ops() -> cpu_kernels.LayerOps:
     return ops
 
 
-@pytest.mark.parametrize("rows", [3, 300])  # one thread, and rows enough to run in parallel
-def test_add_rms_norm(ops, rows):
+@pytest.mark.parametrize("shape", [(3, 96), (2, 150, 96)])  # one thread, and rows enough to run in parallel
+def test_add_rms_norm(ops, shape):
     torch.manual_seed(0)
-    x, residual, weight = torch.randn(rows, 96), torch.randn(rows, 96), torch.randn(96)
+    x, residual, weight = torch.randn(shape), torch.randn(shape), torch.randn(96)
     torch.testing.assert_close(ops.add_rms_norm(x, None, weight, 1e-5), F.rms_norm(x, (96,), weight, 1e-5))
     expected_residual = residual + x
     normed = ops.add_rms_norm(x, residual, weight, 1e-5)
@@ -51,7 +51,7 @@ def test_rope_and_cache(ops):
 
 def test_silu_and_mul(ops):
     torch.manual_seed(0)
-    gate_up = torch.randn(4, 2 * 40) * 30  # large magnitudes reach both ends of exp's range
+    gate_up = torch.randn(2, 4, 2 * 40) * 30  # large magnitudes reach both ends of exp's range
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 

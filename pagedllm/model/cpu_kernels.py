@@ -86,10 +86,12 @@ def load_layer_ops() -> Optional[LayerOps]:
 
     def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
-        """norm(x) * weight, or, given a residual, residual += x in place and norm(residual) * weight."""
+        """norm(x) * weight over the last dimension, or, given a (contiguous) residual of x's shape,
+        residual += x in place and norm(residual) * weight."""
+        x = x.contiguous()
         out = torch.empty_like(x)
         norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
-             x.shape[0], x.shape[1], eps)
+             x.numel() // x.shape[-1], x.shape[-1], eps)
         return out
 
     def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
@@ -100,8 +102,10 @@ def load_layer_ops() -> Optional[LayerOps]:
              v_cache.data_ptr(), qkv.shape[0], heads, kv_heads, k_cache[0].numel() // head_dim, head_dim)
 
     def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-        out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
-        silu(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
+        """silu(gate) * up, where the last dimension holds gate then up."""
+        gate_up = gate_up.contiguous()
+        out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+        silu(gate_up.data_ptr(), out.data_ptr(), out.numel() // out.shape[-1], out.shape[-1])
         return out
 
     return LayerOps(add_rms_norm, rope_and_cache, silu_and_mul)
