@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pagedllm.model.cpu_kernels import layer_ops_for, load_attention_kernel
+from pagedllm.model.cpu_kernels import layer_ops_for, load_attention_kernel, serves
 from pagedllm.model.layers import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -139,11 +139,9 @@ def _decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadat
     """One query per sequence: q [B, heads, d] -> [B, heads, d]; on CPU in float32, the C kernel that reads
     the blocks in place."""
     heads, kv_heads, block_size = q.shape[1], kv_cache[0].shape[0], kv_cache[0].shape[2]
-    kernel = (load_attention_kernel(heads // kv_heads, q.shape[2], block_size)
-              if q.device.type == "cpu" and q.dtype == torch.float32 else None)
+    kernel = load_attention_kernel(heads // kv_heads, q.shape[2], block_size) if serves(q) else None
     if kernel is not None:
-        rows = torch.arange(q.shape[0])
-        return kernel(q, kv_cache[0], kv_cache[1], meta.decode_block_tables, rows, meta.decode_context_lens, scale)
+        return kernel(q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens, scale)
     return _gathered_decode_attention(q, kv_cache, meta, scale)
 
 

@@ -36,9 +36,8 @@ _CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~
 # AVX-512, whole 512-bit vectors (GCC picks 256 by default) run the int8 matmul 1.3x faster.
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 
-# (q, k_cache, v_cache, block_tables, row_seqs, row_lens, scale) -> out
-AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                            float], torch.Tensor]
+# (q, k_cache, v_cache, block_tables, context_lens, scale) -> out
+AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 class LayerOps(NamedTuple):
@@ -55,23 +54,29 @@ def load_attention_kernel(group: int, head_dim: int, block_size: int) -> Optiona
     library = _load("paged_attention.c", {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size})
     if library is None:
         return None
-    function = _bind(library.paged_attention_rows, 7, 4, float_args=1)
+    function = _bind(library.paged_attention_rows, 6, 4, float_args=1)
 
     def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-            row_seqs: torch.Tensor, row_lens: torch.Tensor, scale: float) -> torch.Tensor:
+            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+        """q [B, heads, d], one query per sequence; block_tables [B, max_blocks]; context_lens [B]."""
         q = q.contiguous()
         out = torch.empty_like(q)
         function(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
-                 row_seqs.data_ptr(), row_lens.data_ptr(), q.shape[0], k_cache.shape[0], k_cache.shape[1],
-                 block_tables.shape[1], scale)
+                 context_lens.data_ptr(), q.shape[0], k_cache.shape[0], k_cache.shape[1], block_tables.shape[1],
+                 scale)
         return out
 
     return run
 
 
+def serves(x: torch.Tensor) -> bool:
+    """Whether the C kernels can take x: float32 on the CPU (they still need a compiler to load)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32
+
+
 def layer_ops_for(x: torch.Tensor) -> Optional[LayerOps]:
-    """The C layer steps where they serve x (float32 on CPU, compiler present), else None."""
-    return load_layer_ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+    """The C layer steps where they serve x and could be built, else None."""
+    return load_layer_ops() if serves(x) else None
 
 
 @functools.cache

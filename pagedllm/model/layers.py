@@ -5,8 +5,8 @@ A merged linear layer (QKV, gate-up) holds several logical projections in one we
 computes them all; `load_shard` places each checkpoint tensor in its rows, which is also the seam where
 tensor-parallel slicing and LoRA deltas attach. Once loaded, a layer may change how it multiplies:
 `pack_for_cpu` reorders a float32 weight into oneDNN's blocked layout, `transpose_for_cpu` lays it out for
-MKL, `quantize_int8` turns it into
-weight-only int8 (one scale per output row; activations stay in the model's dtype).
+MKL, `quantize_int8` turns it into weight-only int8 (one scale per output row; activations stay in the
+model's dtype).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.cpu_kernels import layer_ops_for, load_int8_linear
+from pagedllm.model.cpu_kernels import layer_ops_for, load_int8_linear, serves
 
 # Past this many rows, dequantizing an int8 weight for a float32 matmul beats the int8 kernel (measured on
 # the default model's layers: the kernel takes 0.45x the time at 64 rows, 0.75x at 128, the same at 256).
@@ -103,8 +103,7 @@ class MergedLinear(nn.Module):
         """x [rows, in] @ the int8 weight, scaled. On CPU in float32: up to a few hundred rows (decode, short
         prefills) stream the int8 weight through a C kernel; more rows dequantize it for a float32 matmul,
         which then costs little per row. Elsewhere PyTorch's packed int8 matmul."""
-        kernel = (load_int8_linear() if x.device.type == "cpu" and x.dtype == torch.float32
-                  and self.weight.shape[0] % 4 == 0 else None)
+        kernel = load_int8_linear() if serves(x) and self.weight.shape[0] % 4 == 0 else None
         if kernel is None:
             return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales.to(x.dtype))
         if x.shape[0] <= INT8_KERNEL_MAX_ROWS:

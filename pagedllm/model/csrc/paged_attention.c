@@ -1,13 +1,13 @@
 /* Attention of single query tokens over a paged KV cache, float32 on CPU.
  *
- * Each row is one query token (all its heads) of one sequence; it attends to the first row_lens[r]
- * tokens of that sequence, found through the sequence's block table. The cache is read in place, block
+ * Row r is the query token (all its heads) of sequence r; it attends to the first row_lens[r] tokens of
+ * that sequence, found through block_tables[r]. The cache is read in place, block
  * by block, with an online softmax: no gathered copy of the context is made. The query heads sharing a
  * KV head are handled together, so each key and value is loaded once for all of them. Blocks lie apart in
  * memory, where the hardware prefetcher does not follow: each block's successor is prefetched by hand.
  *
  * Layouts: q, out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
- * BLOCK_SIZE, HEAD_DIM]; block_tables [num_seqs, max_blocks]; row_seqs, row_lens [rows].
+ * BLOCK_SIZE, HEAD_DIM]; block_tables [rows, max_blocks]; row_lens [rows].
  *
  * The model's shape is fixed at compile time (-DGROUP, -DHEAD_DIM, -DBLOCK_SIZE) so that every inner
  * loop has a constant trip count the compiler unrolls and vectorizes, exp included.
@@ -23,7 +23,7 @@
 #endif
 
 void paged_attention_rows(const float *q, const float *k_cache, const float *v_cache, float *out,
-                          const int64_t *block_tables, const int64_t *row_seqs, const int64_t *row_lens,
+                          const int64_t *block_tables, const int64_t *row_lens,
                           int64_t rows, int64_t kv_heads, int64_t num_blocks, int64_t max_blocks, float scale) {
     const int64_t heads = kv_heads * GROUP;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
@@ -40,7 +40,7 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
                 running_max[g] = -FLT_MAX;
                 denominator[g] = 0.0f;
             }
-            const int64_t *table = block_tables + row_seqs[r] * max_blocks;
+            const int64_t *table = block_tables + r * max_blocks;
             const int64_t length = row_lens[r];
             for (int64_t start = 0; start < length; start += BLOCK_SIZE) {
                 const int64_t visible = length - start < BLOCK_SIZE ? length - start : BLOCK_SIZE;
