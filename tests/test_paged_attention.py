@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.core.request import Request
-from pagedllm.model import attention, layers
+from pagedllm.model import attention
 from pagedllm.model.attention import allocate_kv_cache, paged_attention, write_kv
 from pagedllm.model.layers import MergedLinear
 from pagedllm.sampling_params import SamplingParams
@@ -53,39 +53,53 @@ def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
         torch.testing.assert_close(out[start:start + n], dense[r.num_computed_tokens:], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 300])  # the C kernel for one row, for an odd few; past 256, dequantized
-@pytest.mark.parametrize("kernel", ["C", "PyTorch"])
-def test_int8_linear_stays_close_to_float(rows, kernel, monkeypatch):
-    if kernel == "PyTorch":
-        monkeypatch.setattr(layers, "load_int8_linear", lambda: None)
+def _random_layer(output_sizes: list[int]) -> MergedLinear:
     torch.manual_seed(0)
-    layer = MergedLinear(64, [32, 16], bias=True)
+    layer = MergedLinear(64, output_sizes, bias=True)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
+    return layer
+
+
+# Rows: one (decode), a partial tile, more than one tile, more than one chunk of 256 rows.
+@pytest.mark.parametrize("rows", [1, 5, 19, 300])
+@pytest.mark.parametrize("kernel", ["C", "PyTorch"])
+def test_int8_linear_stays_close_to_float(rows, kernel):
+    layer = _random_layer([64, 32])  # 96 outputs: whole panels of the C kernel with or without AVX-512
     x = torch.randn(rows, 64)
     reference = layer(x)
     layer.quantize_int8()
     assert layer.weight.dtype == torch.int8
-    got = layer(x)
     dequantized = x @ (layer.weight.float() * layer.scales.unsqueeze(1)).T + layer.bias
+    if kernel == "C":
+        layer.pack_panels()
+        assert layer.panel_weight is not None and layer.weight is None
+    got = layer(x)
     torch.testing.assert_close(got, dequantized, atol=1e-4, rtol=1e-4)
     error = (got - reference).abs().max() / reference.abs().max()
     assert 0 < error < 0.02
 
 
-@pytest.mark.parametrize("layout", ["oneDNN", "transposed"])
-def test_cpu_weight_layouts_equal_dense(layout):
-    torch.manual_seed(0)
-    layer = MergedLinear(64, [32, 16], bias=True)
-    torch.nn.init.normal_(layer.weight)
-    torch.nn.init.normal_(layer.bias)
-    x = torch.randn(3, 5, 64)
+@pytest.mark.parametrize("layout", ["oneDNN", "panels"])
+@pytest.mark.parametrize("shape", [(1, 64), (3, 5, 64), (300, 64)])
+def test_cpu_weight_layouts_equal_dense(layout, shape):
+    layer = _random_layer([64, 32])
+    x = torch.randn(*shape)
     reference = layer(x)
     if layout == "oneDNN":
         layer.pack_for_cpu()
         assert layer.packed_weight.is_mkldnn
     else:
-        layer.transpose_for_cpu()
-        assert layer.transposed_weight.shape == (64, 48) and layer.transposed_weight.is_contiguous()
+        layer.pack_panels()
+        assert layer.panel_weight.shape[0] * layer.panel_weight.shape[2] == 96 and layer.panel_weight.shape[1] == 64
     assert layer.weight is None
     torch.testing.assert_close(layer(x), reference, atol=1e-4, rtol=1e-4)
+
+
+def test_panels_leave_a_layer_they_do_not_fit_dense():
+    layer = _random_layer([40, 10])  # 50 outputs: no whole number of panels
+    x = torch.randn(4, 64)
+    reference = layer(x)
+    layer.pack_panels()
+    assert layer.panel_weight is None and layer.weight is not None
+    torch.testing.assert_close(layer(x), reference)

@@ -7,8 +7,9 @@ disk, called through ctypes.
 - layer_ops.c: a decoder layer's element-wise steps (residual add with RMSNorm, rotary embedding with the
   cache write, SiLU-and-multiply), one call each instead of several PyTorch operators, whose dispatch
   dominates at decode.
-- int8_linear.c: weight-only int8 matmul for a few rows (decode). PyTorch's own (`_weight_int8pack_mm`)
-  measured 3.5 GFLOP/s on an AVX-512 CPU, 40 times slower than its float32 matmul.
+- packed_linear.c: linear layers over float32 or int8 weights packed in panels; faster than MKL at decode
+  batch sizes, and PyTorch's own int8 matmul (`_weight_int8pack_mm`) measured 3.5 GFLOP/s on an AVX-512 CPU,
+  40 times slower than its float32 matmul.
 
 The kernels are plain C with OpenMP and link PyTorch's own OpenMP runtime, so they share PyTorch's threads.
 Where no C compiler is found, or it fails, the loaders return None and the model runs PyTorch operators.
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 _SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
 _CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedllm", "kernels")
 # -ffast-math lets the compiler vectorize the reductions; the kernels never rely on inf or NaN. On CPUs with
-# AVX-512, whole 512-bit vectors (GCC picks 256 by default) run the int8 matmul 1.3x faster.
+# AVX-512, whole 512-bit vectors (GCC picks 256 by default) ran an auto-vectorized int8 matmul 1.3x faster.
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 
 # (q, k_cache, v_cache, block_tables, context_lens, scale) -> out
@@ -116,23 +117,43 @@ def load_layer_ops() -> Optional[LayerOps]:
     return LayerOps(add_rms_norm, rope_and_cache, silu_and_mul)
 
 
+class PackedLinear(NamedTuple):
+    """Bound functions of packed_linear.c. Weights [out, in] are packed as [out / panel, in, panel] (`pack`),
+    which needs out to be a multiple of `panel`."""
+
+    panel: int
+    float32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [rows, in], packed weight) -> x @ W.T
+    int8: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, packed int8, scales [out])
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        out, k = weight.shape
+        return weight.view(out // self.panel, self.panel, k).transpose(1, 2).contiguous()
+
+
 @functools.cache
-def load_int8_linear() -> Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]]:
-    """(x [rows, k] float32, weight [n, k] int8 with n a multiple of 4, scales [n]) -> x @ (weight * scales).T,
-    or None where it cannot be built."""
-    library = _load("int8_linear.c", {})
+def load_packed_linear() -> Optional[PackedLinear]:
+    """Linear layers over panel-packed float32 or int8 weights, or None where they cannot be built."""
+    library = _load("packed_linear.c", {})
     if library is None:
         return None
-    function = _bind(library.int8_linear, 4, 3)
+    library.panel_width.restype = ctypes.c_int64
+    run_float32 = _bind(library.packed_linear_f32, 3, 3)
+    run_int8 = _bind(library.packed_linear_i8, 4, 3)
 
-    def int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    def float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
-        out = x.new_empty(x.shape[0], weight.shape[0])
-        function(x.data_ptr(), weight.data_ptr(), scales.data_ptr(), out.data_ptr(), x.shape[0], weight.shape[0],
-                 weight.shape[1])
+        out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
+        run_float32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], x.shape[1])
         return out
 
-    return int8_linear
+    def int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
+        run_int8(x.data_ptr(), weight.data_ptr(), scales.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1],
+                 x.shape[1])
+        return out
+
+    return PackedLinear(library.panel_width(), float32, int8)
 
 
 def _bind(function, pointers: int, integers: int, float_args: int = 0):

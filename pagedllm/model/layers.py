@@ -4,9 +4,9 @@ On CPU in float32 the element-wise steps run as C kernels (cpu_kernels.py), with
 A merged linear layer (QKV, gate-up) holds several logical projections in one weight so that one matmul
 computes them all; `load_shard` places each checkpoint tensor in its rows, which is also the seam where
 tensor-parallel slicing and LoRA deltas attach. Once loaded, a layer may change how it multiplies:
-`pack_for_cpu` reorders a float32 weight into oneDNN's blocked layout, `transpose_for_cpu` lays it out for
-MKL, `quantize_int8` turns it into weight-only int8 (one scale per output row; activations stay in the
-model's dtype).
+`quantize_int8` turns it into weight-only int8 (one scale per output row; activations stay in the model's
+dtype), `pack_for_cpu` reorders a float32 weight into oneDNN's blocked layout, `pack_panels` packs a float32 or
+int8 weight in panels for the C kernel packed_linear.c.
 """
 from __future__ import annotations
 
@@ -16,11 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.cpu_kernels import layer_ops_for, load_int8_linear, serves
-
-# Past this many rows, dequantizing an int8 weight for a float32 matmul beats the int8 kernel (measured on
-# the default model's layers: the kernel takes 0.45x the time at 64 rows, 0.75x at 128, the same at 256).
-INT8_KERNEL_MAX_ROWS = 256
+from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear, serves
 
 
 class RMSNorm(nn.Module):
@@ -59,7 +55,7 @@ class MergedLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(sum(output_sizes)), requires_grad=False) if bias else None
         self.scales: Optional[torch.Tensor] = None  # per output row, once quantized to int8
         self.packed_weight: Optional[torch.Tensor] = None  # oneDNN layout, once packed for the CPU
-        self.transposed_weight: Optional[torch.Tensor] = None  # [in, out], once transposed for the CPU's BLAS
+        self.panel_weight: Optional[torch.Tensor] = None  # [out / panel, in, panel], once packed in panels
 
     def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
         start = sum(self.output_sizes[:shard])
@@ -79,37 +75,28 @@ class MergedLinear(nn.Module):
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, None)
         self.weight = None
 
-    def transpose_for_cpu(self) -> None:
-        """Store the float32 weight transposed, [in, out] contiguous, and drop the [out, in] copy: MKL multiplies
-        by it 10-20% faster at decode batch sizes and as fast in prefill (measured on the default model)."""
-        self.transposed_weight = self.weight.data.t().contiguous()
-        self.weight = None
+    def pack_panels(self) -> None:
+        """Pack the float32 or int8 weight in panels for packed_linear.c and drop the dense copy; nothing changes
+        where the kernel cannot be built or the output size is not a multiple of its panel."""
+        kernel = load_packed_linear()
+        if kernel is not None and self.weight.shape[0] % kernel.panel == 0:
+            self.panel_weight = kernel.pack(self.weight.data)
+            self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        if self.transposed_weight is not None:
-            rows = x.reshape(-1, x.shape[-1])
-            y = (torch.mm(rows, self.transposed_weight) if self.bias is None
-                 else torch.addmm(self.bias, rows, self.transposed_weight))
-            return y.view(*x.shape[:-1], y.shape[-1])
-        if self.scales is None:
+        rows = x.reshape(-1, x.shape[-1])
+        if self.panel_weight is not None:
+            kernel = load_packed_linear()
+            y = (kernel.float32(rows, self.panel_weight) if self.scales is None
+                 else kernel.int8(rows, self.panel_weight, self.scales))
+        elif self.scales is None:
             return F.linear(x, self.weight, self.bias)
-        y = self._int8_matmul(x.reshape(-1, x.shape[-1]))
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(x.dtype))
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias
-
-    def _int8_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x [rows, in] @ the int8 weight, scaled. On CPU in float32: up to a few hundred rows (decode, short
-        prefills) stream the int8 weight through a C kernel; more rows dequantize it for a float32 matmul,
-        which then costs little per row. Elsewhere PyTorch's packed int8 matmul."""
-        kernel = load_int8_linear() if serves(x) and self.weight.shape[0] % 4 == 0 else None
-        if kernel is None:
-            return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales.to(x.dtype))
-        if x.shape[0] <= INT8_KERNEL_MAX_ROWS:
-            return kernel(x, self.weight, self.scales)
-        return F.linear(x, self.weight.float() * self.scales.unsqueeze(1))
-
 
 class Linear(MergedLinear):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:

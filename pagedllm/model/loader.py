@@ -26,10 +26,10 @@ def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from load_file(file).items()
 
 
-def _onednn_beats_blas() -> bool:
-    """Whether prepacking float32 weights for oneDNN pays on this CPU. PyTorch's default BLAS is MKL, whose
-    kernels are tuned for Intel CPUs: measured on AMD Zen 3, oneDNN ran prefill 1.2x and decode 2x faster than
-    it; measured on an Intel Xeon, MKL ran prefill 1.15x and batch-1 decode 1.1x faster than oneDNN."""
+def _onednn_beats_panels() -> bool:
+    """Whether oneDNN's prepacked float32 matmul beats packed_linear.c on this CPU. Measured on AMD Zen 3,
+    oneDNN ran prefill 1.2x and decode 2x faster than MKL; on an Intel Xeon, MKL ran 1.1-1.15x faster than
+    oneDNN, and packed_linear.c 1.15-1.2x faster than MKL at decode batch sizes (0.9-0.95x in long prefills)."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
@@ -58,11 +58,12 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
     linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
     if model_config.quantization == "int8":
         for module in linears:
-            if module is not model.lm_head:  # the LM head stays in full precision, as usual for weight-only int8
-                module.quantize_int8()
+            module.quantize_int8()
     if device == "cpu" and model_config.dtype == torch.float32:
-        onednn = _onednn_beats_blas()
+        onednn = _onednn_beats_panels()
         for module in linears:
-            if module.scales is None:
-                module.pack_for_cpu() if onednn else module.transpose_for_cpu()
+            if module.scales is None and onednn:
+                module.pack_for_cpu()
+            else:
+                module.pack_panels()
     return model
