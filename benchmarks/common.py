@@ -122,15 +122,21 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs = parse_pairs(args.engine_arg)
+    if args.quantization:
+        kwargs["quantization"] = args.quantization
+    return kwargs
+
+
+def parse_pairs(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE items as keyword arguments, each value parsed as JSON where it is JSON, else kept as text."""
     kwargs: dict[str, Any] = {}
-    for item in args.engine_arg:
+    for item in items:
         key, _, value = item.partition("=")
         try:
             kwargs[key.replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError:
             kwargs[key.replace("-", "_")] = value
-    if args.quantization:
-        kwargs["quantization"] = args.quantization
     return kwargs
 
 

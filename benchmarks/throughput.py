@@ -4,6 +4,8 @@
     python benchmarks/throughput.py --workload throughput_large
     python benchmarks/throughput.py --no-hf                  # pagedllm only, for quick iteration
     python benchmarks/throughput.py --hf-batch-sizes 64      # limit the baseline's batch-size search
+    python benchmarks/throughput.py --no-hf --engine-arg quantization=int8 --baseline-engine-arg quantization=null
+                                                             # int8 against float32, both pagedllm
 
 All requests are submitted at once as token-id prompts, greedy, each generating exactly output_len tokens.
 Prints both engines' output tokens/s, their ratio, peak RSS and the fraction of the machine's compute
@@ -20,7 +22,7 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (add_engine_args, default_model_flops, load_hf_model, load_workload,  # noqa: E402
-                               machine_info, parse_engine_args,
+                               machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
 
 TARGET_RATIO = 1.6
@@ -104,6 +106,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--hf-batch-sizes", default="16,32,64",
                         help="comma-separated batch sizes tried for transformers; the best one counts")
     add_engine_args(parser)
+    parser.add_argument("--baseline-engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="also run pagedllm with its engine args changed by these (repeatable; null unsets "
+                             "one), as a second baseline in this invocation")
     parser.add_argument("--peak-gflops", type=float, default=190.0,
                         help="the machine's float32 matmul rate used for the compute limit")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/<name>-<time>.json)")
@@ -123,6 +128,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     result: dict[str, Any] = {"workload": args.workload, "definition": workload, "machine": machine_info(),
                               "compute_limit_output_tokens_per_s": round(limit, 1),
                               "fraction_of_compute_limit": round(ours["output_tokens_per_s"] / limit, 3)}
+    if args.baseline_engine_arg:
+        baseline_args = {**parse_engine_args(args), **parse_pairs(args.baseline_engine_arg)}
+        baseline = run_in_child(run_pagedllm, prompts, output_len, baseline_args)
+        ratio = ours["output_tokens_per_s"] / baseline["output_tokens_per_s"]
+        print(f"pagedllm with {baseline_args}: {baseline['output_tokens_per_s']:.1f} output tok/s, peak RSS "
+              f"{baseline['peak_rss_mib']:.0f} MiB; ratio {ratio:.2f}x", flush=True)
+        result["agreement_with_pagedllm_baseline"] = _agreement(ours["output_token_ids"],
+                                                                baseline.pop("output_token_ids"))
+        result["pagedllm_baseline"] = baseline
+        result["ratio_vs_pagedllm_baseline"] = round(ratio, 3)
     if not args.no_hf:
         batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
         theirs = run_in_child(run_transformers, prompts, output_len, batch_sizes)
