@@ -126,6 +126,7 @@ class PackedLinear(NamedTuple):
     int8: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, packed int8, scales [out])
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """[out, in] -> [out / panel, in, panel], contiguous."""
         out, k = weight.shape
         return weight.view(out // self.panel, self.panel, k).transpose(1, 2).contiguous()
 
