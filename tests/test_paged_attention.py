@@ -53,9 +53,9 @@ def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
         torch.testing.assert_close(out[start:start + n], dense[r.num_computed_tokens:], atol=1e-5, rtol=1e-5)
 
 
-def _random_layer(output_sizes: list[int]) -> MergedLinear:
+def _random_layer(output_sizes: list[int], input_size: int = 64) -> MergedLinear:
     torch.manual_seed(0)
-    layer = MergedLinear(64, output_sizes, bias=True)
+    layer = MergedLinear(input_size, output_sizes, bias=True)
     torch.nn.init.normal_(layer.weight)
     torch.nn.init.normal_(layer.bias)
     return layer
@@ -81,9 +81,9 @@ def test_int8_linear_stays_close_to_float(rows, kernel):
 
 
 @pytest.mark.parametrize("layout", ["oneDNN", "panels"])
-@pytest.mark.parametrize("shape", [(1, 64), (3, 5, 64), (300, 64)])
+@pytest.mark.parametrize("shape", [(1, 64), (3, 5, 64), (300, 64), (7, 77)])  # the last: an odd input size
 def test_cpu_weight_layouts_equal_dense(layout, shape):
-    layer = _random_layer([64, 32])
+    layer = _random_layer([64, 32], input_size=shape[-1])
     x = torch.randn(*shape)
     reference = layer(x)
     if layout == "oneDNN":
@@ -91,7 +91,8 @@ def test_cpu_weight_layouts_equal_dense(layout, shape):
         assert layer.packed_weight.is_mkldnn
     else:
         layer.pack_panels()
-        assert layer.panel_weight.shape[0] * layer.panel_weight.shape[2] == 96 and layer.panel_weight.shape[1] == 64
+        assert layer.panel_weight.shape[0] * layer.panel_weight.shape[2] == 96
+        assert layer.panel_weight.shape[1] == shape[-1]
     assert layer.weight is None
     torch.testing.assert_close(layer(x), reference, atol=1e-4, rtol=1e-4)
 
