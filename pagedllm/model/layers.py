@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear, serves
+from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear
 
 
 class RMSNorm(nn.Module):
