@@ -71,7 +71,7 @@ class MergedLinear(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """Reorder the float32 weight once into oneDNN's blocked layout and drop the dense copy; the loader
-        does so on CPUs where oneDNN's matmul beats the default BLAS (loader._onednn_beats_blas)."""
+        does so on CPUs where oneDNN's matmul beats packed_linear.c (loader._onednn_beats_panels)."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, None)
         self.weight = None
 
