@@ -34,6 +34,7 @@ class ModelConfig:
     quantization: Optional[str]
     enable_prompt_embeds: bool
     task: str
+    enforce_eager: bool  # no CPU graphs for decode steps (worker/cpu_graph.py)
 
     @property
     def vocab_size(self) -> int:
@@ -216,7 +217,7 @@ class EngineArgs:
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
             quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
-            task="generate" if self.task == "auto" else self.task)
+            task="generate" if self.task == "auto" else self.task, enforce_eager=self.enforce_eager)
         if self.block_size not in ALLOWED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}.")
         if not 0 < self.gpu_memory_utilization <= 1:

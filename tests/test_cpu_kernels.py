@@ -35,15 +35,15 @@ def test_rope_and_cache(ops):
     torch.manual_seed(0)
     tokens = 5
     rotary = RotaryEmbedding(DIM, 64, {"rope_theta": 10000.0})
-    cos_sin = rotary.lookup(torch.tensor([0, 3, 7, 8, 40]), torch.float32)
+    positions = rotary.at(torch.tensor([0, 3, 7, 8, 40]))
     qkv = torch.randn(tokens, HEADS + 2 * KV_HEADS, DIM)
     slots = torch.tensor([9, 2, 30, 31, 0])
     expected_cache = allocate_kv_cache(8, 4, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
-    rotated = RotaryEmbedding.apply(qkv[:, :HEADS + KV_HEADS], cos_sin)
+    rotated = RotaryEmbedding.apply(qkv[:, :HEADS + KV_HEADS], positions.cos_sin)
     write_kv(expected_cache, rotated[:, HEADS:], qkv[:, HEADS + KV_HEADS:], slots)
 
     cache = allocate_kv_cache(8, 4, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
-    ops.rope_and_cache(qkv, *cos_sin, slots, *cache, HEADS)
+    ops.rope_and_cache(qkv, positions.cos_table, positions.sin_table, positions.positions, slots, *cache, HEADS)
     torch.testing.assert_close(qkv[:, :HEADS + KV_HEADS], rotated)
     for got, expected in zip(cache, expected_cache):
         torch.testing.assert_close(got, expected)

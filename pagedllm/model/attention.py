@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.model.cpu_kernels import layer_ops_for, load_attention_kernel, serves
-from pagedllm.model.layers import RotaryEmbedding
+from pagedllm.model.layers import RotaryEmbedding, RotaryPositions
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 # Each cache tensor is [kv_heads, num_blocks, block_size, head_dim]: blocks sit on this dimension.
@@ -79,17 +79,18 @@ def write_kv(kv_cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: 
         cache.view(cache.shape[0], -1, cache.shape[-1]).index_copy_(1, slot_mapping, new.transpose(0, 1))
 
 
-def store_rotated_kv(qkv: torch.Tensor, heads: int, cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: KVCache,
+def store_rotated_kv(qkv: torch.Tensor, heads: int, rotary: RotaryPositions, kv_cache: KVCache,
                      meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Apply the rotary embedding to a step's merged projections qkv [T, heads + 2 * kv_heads, d] and store
     its keys and values in the cache; returns q, k, v as views of qkv (rotated in place on CPU)."""
     kv_heads = kv_cache[0].shape[0]
     ops = layer_ops_for(qkv)
     if ops is not None:
-        ops.rope_and_cache(qkv, *cos_sin, meta.slot_mapping, *kv_cache, heads)
+        ops.rope_and_cache(qkv, rotary.cos_table, rotary.sin_table, rotary.positions, meta.slot_mapping, *kv_cache,
+                           heads)
         return qkv.split([heads, kv_heads, kv_heads], dim=1)
     # q and k are adjacent in the merged output: one rotation covers both.
-    qk = RotaryEmbedding.apply(qkv[:, :heads + kv_heads], cos_sin)
+    qk = RotaryEmbedding.apply(qkv[:, :heads + kv_heads], rotary.cos_sin)
     q, k = qk.split([heads, kv_heads], dim=1)
     v = qkv[:, heads + kv_heads:]
     write_kv(kv_cache, k, v, meta.slot_mapping)

@@ -1,5 +1,6 @@
 """The C kernels of the CPU float32 path (csrc/): compiled on first use for the model's shape, cached on
-disk, called through ctypes.
+disk, called through ctypes, each through an entry point that takes its arguments as one array (csrc/entry.h)
+so that a step's calls can be recorded and replayed from C (plan.c, worker/cpu_graph.py).
 
 - paged_attention.c: decode attention reading the paged cache in place. PyTorch has no attention over a
   paged cache; gathering each sequence's blocks into a contiguous copy every step costs more than the
@@ -16,6 +17,7 @@ Where no C compiler is found, or it fails, the loaders return None and the model
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -23,9 +25,10 @@ import logging
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Iterator, NamedTuple, Optional, Union
 
 import torch
 
@@ -49,22 +52,83 @@ class LayerOps(NamedTuple):
     silu_and_mul: Callable[[torch.Tensor], torch.Tensor]
 
 
+class Kernel:
+    """A kernel's entry point (csrc/entry.h), called with the kernel's arguments in order: tensors (passed as
+    their data pointers), integers, floats, or None for a null pointer. While calls are being recorded
+    (`recording_calls`), each one is also appended to the recording, with the tensors it was given, which
+    the recording keeps alive."""
+
+    def __init__(self, library: ctypes.CDLL, name: str) -> None:
+        self.entry = getattr(library, f"{name}_entry")
+        self.entry.argtypes = [ctypes.c_void_p]
+        self.entry.restype = None
+        self.address: int = ctypes.cast(self.entry, ctypes.c_void_p).value
+
+    def __call__(self, *args: Union[torch.Tensor, int, float, None]) -> None:
+        words = (ctypes.c_int64 * len(args))(*map(_word, args))
+        if _recording is not None:
+            _recording.append(RecordedCall(self.address, words, [a for a in args if isinstance(a, torch.Tensor)]))
+        self.entry(words)
+
+
+class RecordedCall(NamedTuple):
+    entry: int  # address of the entry point
+    words: ctypes.Array  # its arguments
+    tensors: list[torch.Tensor]  # those passed as pointers, kept alive with the recording
+
+
+_recording: Optional[list[RecordedCall]] = None
+
+
+@contextlib.contextmanager
+def recording_calls() -> Iterator[list[RecordedCall]]:
+    """Record every kernel call made in this block (each still runs) into the yielded list."""
+    global _recording
+    if _recording is not None:
+        raise RuntimeError("Kernel calls are already being recorded.")
+    _recording = []
+    try:
+        yield _recording
+    finally:
+        _recording = None
+
+
+def _word(arg: Union[torch.Tensor, int, float, None]) -> int:
+    if isinstance(arg, torch.Tensor):
+        return arg.data_ptr()
+    if isinstance(arg, float):
+        return struct.unpack("<i", struct.pack("<f", arg))[0]
+    return 0 if arg is None else arg
+
+
+@functools.cache
+def load_plan_runner() -> Optional[Callable[[ctypes.Array, ctypes.Array, int], None]]:
+    """run_plan(entries, argument arrays, number of calls) of plan.c, or None where it cannot be built."""
+    library = _load("plan.c", {})
+    if library is None:
+        return None
+    library.run_plan.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    library.run_plan.restype = None
+    return library.run_plan
+
+
 @functools.cache
 def load_attention_kernel(group: int, head_dim: int, block_size: int) -> Optional[AttentionKernel]:
     """Decode attention for this shape of model and cache, or None where it cannot be built."""
     library = _load("paged_attention.c", {"GROUP": group, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size})
     if library is None:
         return None
-    function = _bind(library.paged_attention_rows, 6, 4, float_args=1)
+    kernel = Kernel(library, "paged_attention_rows")
 
     def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
             context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [B, heads, d], one query per sequence; block_tables [B, max_blocks]; context_lens [B]."""
-        q = q.contiguous()
-        out = torch.empty_like(q)
-        function(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
-                 context_lens.data_ptr(), q.shape[0], k_cache.shape[0], k_cache.shape[1], block_tables.shape[1],
-                 scale)
+        """q [B, heads, d], one query per sequence, rows may be strided; block_tables [B, max_blocks];
+        context_lens [B]."""
+        if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+            q = q.contiguous()
+        out = q.new_empty(q.shape)
+        kernel(q, k_cache, v_cache, out, block_tables, context_lens, q.shape[0], q.stride(0), k_cache.shape[0],
+               k_cache.shape[1], block_tables.shape[1], scale)
         return out
 
     return run
@@ -86,9 +150,7 @@ def load_layer_ops() -> Optional[LayerOps]:
     library = _load("layer_ops.c", {})
     if library is None:
         return None
-    norm = _bind(library.add_rms_norm, 4, 2, float_args=1)
-    rope = _bind(library.rope_and_cache, 6, 5)
-    silu = _bind(library.silu_and_mul, 2, 2)
+    norm, rope, silu = (Kernel(library, name) for name in ("add_rms_norm", "rope_and_cache", "silu_and_mul"))
 
     def add_rms_norm(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
                      eps: float) -> torch.Tensor:
@@ -96,22 +158,22 @@ def load_layer_ops() -> Optional[LayerOps]:
         residual += x in place and norm(residual) * weight."""
         x = x.contiguous()
         out = torch.empty_like(x)
-        norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
-             x.numel() // x.shape[-1], x.shape[-1], eps)
+        norm(x, residual, weight, out, x.numel() // x.shape[-1], x.shape[-1], eps)
         return out
 
-    def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                       k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> None:
-        """Rotate qkv's query and key heads in place and store its keys and values in their cache slots."""
+    def rope_and_cache(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
+                       slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> None:
+        """Rotate qkv's query and key heads in place, at the table rows of their positions, and store its keys
+        and values in their cache slots."""
         kv_heads, head_dim = k_cache.shape[0], k_cache.shape[-1]
-        rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), k_cache.data_ptr(),
-             v_cache.data_ptr(), qkv.shape[0], heads, kv_heads, k_cache[0].numel() // head_dim, head_dim)
+        rope(qkv, cos_table, sin_table, positions, slots, k_cache, v_cache, qkv.shape[0], heads, kv_heads,
+             k_cache.shape[1] * k_cache.shape[2], head_dim)
 
     def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up, where the last dimension holds gate then up."""
         gate_up = gate_up.contiguous()
         out = gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
-        silu(gate_up.data_ptr(), out.data_ptr(), out.numel() // out.shape[-1], out.shape[-1])
+        silu(gate_up, out, out.numel() // out.shape[-1], out.shape[-1])
         return out
 
     return LayerOps(add_rms_norm, rope_and_cache, silu_and_mul)
@@ -138,29 +200,21 @@ def load_packed_linear() -> Optional[PackedLinear]:
     if library is None:
         return None
     library.panel_width.restype = ctypes.c_int64
-    run_float32 = _bind(library.packed_linear_f32, 3, 3)
-    run_int8 = _bind(library.packed_linear_i8, 4, 3)
+    run_float32, run_int8 = Kernel(library, "packed_linear_f32"), Kernel(library, "packed_linear_i8")
 
     def float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
-        run_float32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1], x.shape[1])
+        run_float32(x, weight, out, x.shape[0], out.shape[1], x.shape[1])
         return out
 
     def int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
-        run_int8(x.data_ptr(), weight.data_ptr(), scales.data_ptr(), out.data_ptr(), x.shape[0], out.shape[1],
-                 x.shape[1])
+        run_int8(x, weight, scales, out, x.shape[0], out.shape[1], x.shape[1])
         return out
 
     return PackedLinear(library.panel_width(), float32, int8)
-
-
-def _bind(function, pointers: int, integers: int, float_args: int = 0):
-    function.argtypes = [ctypes.c_void_p] * pointers + [ctypes.c_int64] * integers + [ctypes.c_float] * float_args
-    function.restype = None
-    return function
 
 
 def _load(source: str, defines: dict[str, int]) -> Optional[ctypes.CDLL]:

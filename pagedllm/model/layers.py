@@ -10,6 +10,7 @@ int8 weight in panels for the C kernel packed_linear.c.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import torch
@@ -104,10 +105,9 @@ class Linear(MergedLinear):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table per position.
+    """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table row per position.
 
-    The table rows for a step's positions are looked up once per step (`lookup`) and applied in every layer;
-    the sine's first half is stored negated so that rotating is one concatenation and one multiply-add."""
+    The sine's first half is stored negated so that rotating is one concatenation and one multiply-add."""
 
     def __init__(self, head_dim: int, max_position: int, rope_parameters: Optional[dict[str, Any]]) -> None:
         super().__init__()
@@ -119,9 +119,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.cat([freqs.cos(), freqs.cos()], dim=-1), persistent=False)
         self.register_buffer("sin", torch.cat([-freqs.sin(), freqs.sin()], dim=-1), persistent=False)
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] -> cos, signed sin [T, 1, d]."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+    def at(self, positions: torch.Tensor) -> RotaryPositions:
+        """The rotary embedding of a step's token positions [T]."""
+        return RotaryPositions(self.cos, self.sin, positions)
 
     @staticmethod
     def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -129,6 +129,19 @@ class RotaryEmbedding(nn.Module):
         cos, sin = cos_sin
         half = x.shape[-1] // 2
         return torch.addcmul(x * cos, torch.cat([x[..., half:], x[..., :half]], dim=-1), sin)
+
+
+class RotaryPositions:
+    """One step's token positions [T] with the rotary tables [max_position, d], shared by every layer. The C
+    kernel reads each position's table row itself; PyTorch looks them up once per step, on first use."""
+
+    def __init__(self, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor) -> None:
+        self.cos_table, self.sin_table, self.positions = cos_table, sin_table, positions
+
+    @functools.cached_property
+    def cos_sin(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin [T, 1, d] of the positions."""
+        return self.cos_table[self.positions].unsqueeze(1), self.sin_table[self.positions].unsqueeze(1)
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:

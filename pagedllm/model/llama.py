@@ -9,9 +9,7 @@ from torch import nn
 
 from pagedllm.model.attention import AttentionMetadata, KVCache, paged_attention, store_rotated_kv
 from pagedllm.model.cpu_kernels import layer_ops_for
-from pagedllm.model.layers import Linear, MergedLinear, RMSNorm, RotaryEmbedding
-
-CosSin = tuple[torch.Tensor, torch.Tensor]
+from pagedllm.model.layers import Linear, MergedLinear, RMSNorm, RotaryEmbedding, RotaryPositions
 
 
 def _rope_parameters(config: Any) -> dict:
@@ -33,10 +31,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(q_size, config.hidden_size)
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, cos_sin: CosSin, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        """cos_sin of the step's positions, x [T, hidden] -> [T, hidden]."""
+    def forward(self, rotary: RotaryPositions, x: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """x [T, hidden] at the step's rotary positions -> [T, hidden]."""
         qkv = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)
-        q, k, v = store_rotated_kv(qkv, self.num_heads, cos_sin, kv_cache, meta)
+        q, k, v = store_rotated_kv(qkv, self.num_heads, rotary, kv_cache, meta)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out.flatten(1))
 
@@ -65,7 +64,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, cos_sin: CosSin, x: torch.Tensor, residual: Optional[torch.Tensor], kv_cache: KVCache,
+    def forward(self, rotary: RotaryPositions, x: torch.Tensor, residual: Optional[torch.Tensor], kv_cache: KVCache,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's input, the residual stream before it; None at the first layer) -> the same after it.
         Each residual add happens inside the next norm, which does both in one pass."""
@@ -73,7 +72,7 @@ class LlamaDecoderLayer(nn.Module):
             residual, x = x, self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(cos_sin, x, kv_cache, meta)
+        x = self.self_attn(rotary, x, kv_cache, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -106,9 +105,9 @@ class LlamaForCausalLM(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_embeds [T, hidden], positions [T] -> final hidden states [T, hidden]."""
         x, residual = input_embeds, None
-        cos_sin = self.rotary.lookup(positions, x.dtype)
+        rotary = self.rotary.at(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(cos_sin, x, residual, kv_cache, meta)
+            x, residual = layer(rotary, x, residual, kv_cache, meta)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

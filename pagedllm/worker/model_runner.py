@@ -14,6 +14,7 @@ from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
 from pagedllm.worker.batch import ModelInput, build_model_input
+from pagedllm.worker.cpu_graph import DecodeGraphs
 
 
 class TokenLogprobs(NamedTuple):
@@ -48,6 +49,7 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.generators: dict[str, torch.Generator] = {}
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
+        self.decode_graphs: Optional[DecodeGraphs] = None
 
     def initialize_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf_config
@@ -55,6 +57,10 @@ class ModelRunner:
         self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, hf.num_key_value_heads, head_dim,
                                             self.config.model_config.dtype, self.device)
                           for _ in range(hf.num_hidden_layers)]
+        model_config = self.config.model_config
+        if self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager:
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, model_config.max_model_len,
+                                              self.block_size)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -76,7 +82,10 @@ class ModelRunner:
         """One forward pass over these requests' tokens, then sampling."""
         batch = build_model_input(scheduled, self.block_size, self.device)
         start = time.perf_counter()
-        hidden = self.model(self.model.embed(batch.input_ids), batch.positions, self.kv_caches, batch.attn_metadata)
+        hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
+        if hidden is None:
+            hidden = self.model(self.model.embed(batch.input_ids), batch.positions, self.kv_caches,
+                                batch.attn_metadata)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
         forward_ms = (time.perf_counter() - start) * 1000

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "entry.h"
 #include "fast_exp.h"
 
 /* Rows from which the threads share the work: measured on a 64-row decode step, two threads halve SiLU and
@@ -34,16 +35,17 @@ void add_rms_norm(const float *x, float *residual, const float *weight, float *o
 }
 
 /* Rotates the query and key heads of qkv [tokens, heads + 2 * kv_heads, head_dim] in place (half-split
- * layout; sin's first half stored negated, as the rotary table keeps it), then copies each token's keys and
- * values into its cache slot. cos, sin: [tokens, head_dim]; caches: [kv_heads, cache_slots, head_dim]. */
-void rope_and_cache(float *qkv, const float *restrict cos, const float *restrict sin, const int64_t *slots,
-                    float *restrict k_cache, float *restrict v_cache, int64_t tokens, int64_t heads,
-                    int64_t kv_heads, int64_t cache_slots, int64_t head_dim) {
+ * layout; sin's first half stored negated, as the rotary tables keep it), then copies each token's keys and
+ * values into its cache slot. cos_table, sin_table: [max_position, head_dim], the rows of each token's position
+ * used; caches: [kv_heads, cache_slots, head_dim]. */
+void rope_and_cache(float *qkv, const float *restrict cos_table, const float *restrict sin_table,
+                    const int64_t *positions, const int64_t *slots, float *restrict k_cache, float *restrict v_cache,
+                    int64_t tokens, int64_t heads, int64_t kv_heads, int64_t cache_slots, int64_t head_dim) {
     const int64_t stride = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
 #pragma omp parallel for if (tokens >= PARALLEL_ROWS)
     for (int64_t t = 0; t < tokens; t++) {
         float *row = qkv + t * stride;
-        const float *c = cos + t * head_dim, *s = sin + t * head_dim;
+        const float *c = cos_table + positions[t] * head_dim, *s = sin_table + positions[t] * head_dim;
         for (int64_t h = 0; h < heads + kv_heads; h++) {
             float *restrict x = row + h * head_dim;
             for (int64_t i = 0; i < half; i++) {
@@ -68,4 +70,19 @@ void silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t size) 
         float *dst = out + r * size;
         for (int64_t i = 0; i < size; i++) dst[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
     }
+}
+
+void add_rms_norm_entry(const int64_t *args) {
+    add_rms_norm(ARG(0, const float *), ARG(1, float *), ARG(2, const float *), ARG(3, float *), args[4], args[5],
+                 float_arg(args, 6));
+}
+
+void rope_and_cache_entry(const int64_t *args) {
+    rope_and_cache(ARG(0, float *), ARG(1, const float *), ARG(2, const float *), ARG(3, const int64_t *),
+                   ARG(4, const int64_t *), ARG(5, float *), ARG(6, float *), args[7], args[8], args[9], args[10],
+                   args[11]);
+}
+
+void silu_and_mul_entry(const int64_t *args) {
+    silu_and_mul(ARG(0, const float *), ARG(1, float *), args[2], args[3]);
 }

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "entry.h"
+
 #if defined(__AVX512F__)
 #define VEC 16       /* floats per vector register */
 #define TILE_ROWS 8  /* 8 x 3 sums in 24 of the 32 registers */
@@ -171,4 +173,13 @@ void packed_linear_i8(const float *x, const int8_t *w, const float *scales, floa
             }
         }
     }
+}
+
+void packed_linear_f32_entry(const int64_t *args) {
+    packed_linear_f32(ARG(0, const float *), ARG(1, const float *), ARG(2, float *), args[3], args[4], args[5]);
+}
+
+void packed_linear_i8_entry(const int64_t *args) {
+    packed_linear_i8(ARG(0, const float *), ARG(1, const int8_t *), ARG(2, const float *), ARG(3, float *), args[4],
+                     args[5], args[6]);
 }

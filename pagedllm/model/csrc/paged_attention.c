@@ -6,7 +6,8 @@
  * KV head are handled together, so each key and value is loaded once for all of them. Blocks lie apart in
  * memory, where the hardware prefetcher does not follow: each block's successor is prefetched by hand.
  *
- * Layouts: q, out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
+ * Layouts: q [rows, kv_heads * GROUP, HEAD_DIM] with q_stride floats between rows (a view of the merged QKV
+ * projection), out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
  * BLOCK_SIZE, HEAD_DIM]; block_tables [rows, max_blocks]; row_lens [rows].
  *
  * The model's shape is fixed at compile time (-DGROUP, -DHEAD_DIM, -DBLOCK_SIZE) so that every inner
@@ -16,6 +17,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "entry.h"
 #include "fast_exp.h"
 
 #if !defined(GROUP) || !defined(HEAD_DIM) || !defined(BLOCK_SIZE)
@@ -23,8 +25,8 @@
 #endif
 
 void paged_attention_rows(const float *q, const float *k_cache, const float *v_cache, float *out,
-                          const int64_t *block_tables, const int64_t *row_lens,
-                          int64_t rows, int64_t kv_heads, int64_t num_blocks, int64_t max_blocks, float scale) {
+                          const int64_t *block_tables, const int64_t *row_lens, int64_t rows, int64_t q_stride,
+                          int64_t kv_heads, int64_t num_blocks, int64_t max_blocks, float scale) {
     const int64_t heads = kv_heads * GROUP;
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int64_t r = 0; r < rows; r++) {
@@ -32,7 +34,7 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
             float query[GROUP][HEAD_DIM], acc[GROUP][HEAD_DIM], weights[GROUP][BLOCK_SIZE];
             float running_max[GROUP], denominator[GROUP];
             for (int g = 0; g < GROUP; g++) {
-                const float *src = q + (r * heads + h * GROUP + g) * HEAD_DIM;
+                const float *src = q + r * q_stride + (h * GROUP + g) * HEAD_DIM;
                 for (int i = 0; i < HEAD_DIM; i++) {
                     query[g][i] = src[i] * scale;
                     acc[g][i] = 0.0f;
@@ -84,4 +86,10 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
             }
         }
     }
+}
+
+void paged_attention_rows_entry(const int64_t *args) {
+    paged_attention_rows(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *),
+                         ARG(4, const int64_t *), ARG(5, const int64_t *), args[6], args[7], args[8], args[9],
+                         args[10], float_arg(args, 11));
 }

@@ -1,0 +1,67 @@
+"""Decode steps replayed from CPU graphs give exactly what the eager forward pass gives."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.model import attention, cpu_kernels
+from pagedllm.worker.cpu_graph import MAX_GRAPH_BATCH, CaptureRefused, _OnlyKernels
+
+# Ten requests that finish one after another: decode batches from 10 down to 1, eager above MAX_GRAPH_BATCH
+# and replayed below it; 40 tokens after prompts of 20-47 cross block boundaries, so block tables widen.
+PROMPTS = [{"prompt_token_ids": list(range(10 + i, 30 + 3 * i))} for i in range(10)]
+PARAMS = [SamplingParams(temperature=0.0, max_tokens=4 + 4 * i, ignore_eos=True, logprobs=2) for i in range(10)]
+
+
+def _generate(model_dir: str, **kwargs) -> tuple[LLM, list]:
+    llm = LLM(model_dir, num_gpu_blocks_override=128, enable_prefix_caching=False, **kwargs)
+    return llm, llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+def _runner(llm: LLM):
+    return llm.llm_engine.model_executor.worker.model_runner
+
+
+def _assert_same(outputs: list, expected: list) -> None:
+    for got, want in zip(outputs, expected):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        for got_step, want_step in zip(got.outputs[0].logprobs, want.outputs[0].logprobs):
+            assert {t: p.logprob for t, p in got_step.items()} == pytest.approx(
+                {t: p.logprob for t, p in want_step.items()}, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir):
+    eager_llm, eager = _generate(tiny_model_dir, enforce_eager=True)
+    assert _runner(eager_llm).decode_graphs is None
+    llm, replayed = _generate(tiny_model_dir)
+    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, MAX_GRAPH_BATCH + 1))
+    _assert_same(replayed, eager)
+    _assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), eager)  # every size now replays
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, loader", [
+    (cpu_kernels, "load_layer_ops"),  # the first norm in PyTorch: refused before any kernel ran
+    (attention, "load_attention_kernel"),  # attention in PyTorch: refused after the first cache write
+])
+def test_forward_with_pytorch_operators_runs_eagerly(tiny_model_dir, monkeypatch, module, loader):
+    _, eager = _generate(tiny_model_dir, enforce_eager=True)
+    monkeypatch.setattr(module, loader, lambda *shape: None)
+    llm, outputs = _generate(tiny_model_dir)
+    graphs = _runner(llm).decode_graphs
+    assert graphs.run_plan is None and not graphs.graphs
+    _assert_same(outputs, eager)
+
+
+@torch.inference_mode()  # as in a model runner, where reshape reaches the mode whole
+def test_capture_refuses_computation_and_allows_views():
+    x = torch.randn(4, 6)
+    with _OnlyKernels():
+        x.view(2, 12).split([1, 1])
+        torch.empty_like(x)
+        with pytest.raises(CaptureRefused, match="add"):
+            x + 1
+        with pytest.raises(CaptureRefused, match="copies"):
+            x.t().reshape(24)
