@@ -28,6 +28,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
 from typing import Callable, Iterator, NamedTuple, Optional, Union
 
 import torch
@@ -66,8 +67,9 @@ class Kernel:
 
     def __call__(self, *args: Union[torch.Tensor, int, float, None]) -> None:
         words = (ctypes.c_int64 * len(args))(*map(_word, args))
-        if _recording is not None:
-            _recording.append(RecordedCall(self.address, words, [a for a in args if isinstance(a, torch.Tensor)]))
+        recording = getattr(_recording, "calls", None)
+        if recording is not None:
+            recording.append(RecordedCall(self.address, words, [a for a in args if isinstance(a, torch.Tensor)]))
         self.entry(words)
 
 
@@ -77,20 +79,19 @@ class RecordedCall(NamedTuple):
     tensors: list[torch.Tensor]  # those passed as pointers, kept alive with the recording
 
 
-_recording: Optional[list[RecordedCall]] = None
+_recording = threading.local()  # .calls: this thread's recording, if one is under way
 
 
 @contextlib.contextmanager
 def recording_calls() -> Iterator[list[RecordedCall]]:
-    """Record every kernel call made in this block (each still runs) into the yielded list."""
-    global _recording
-    if _recording is not None:
+    """Record every kernel call this thread makes in this block (each still runs) into the yielded list."""
+    if getattr(_recording, "calls", None) is not None:
         raise RuntimeError("Kernel calls are already being recorded.")
-    _recording = []
+    _recording.calls = []
     try:
-        yield _recording
+        yield _recording.calls
     finally:
-        _recording = None
+        _recording.calls = None
 
 
 def _word(arg: Union[torch.Tensor, int, float, None]) -> int:

@@ -106,9 +106,12 @@ class DecodeGraphs:
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
         """The batch's final hidden states from its graph, or None where it has none: prefill tokens, a
-        batch above MAX_GRAPH_BATCH, or a model whose forward pass cannot be recorded."""
-        size = batch.attn_metadata.num_decodes
-        if self.run_plan is None or batch.attn_metadata.num_prefill_tokens or not 0 < size <= MAX_GRAPH_BATCH:
+        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, or a model whose forward
+        pass cannot be recorded."""
+        meta = batch.attn_metadata
+        size = meta.num_decodes
+        if (self.run_plan is None or meta.num_prefill_tokens or not 0 < size <= MAX_GRAPH_BATCH
+                or meta.decode_block_tables.shape[1] > self.max_blocks):
             return None
         graph = self.graphs.get(size)
         if graph is None:
