@@ -119,6 +119,7 @@ _HELP = {
     "distributed_executor_backend": "How the model runs: 'uni' (in process), 'mp' or 'ray'.",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes (default: on).",
     "enable_chunked_prefill": "Split long prefills into chunks within the token budget.",
+    "enforce_eager": "Run every step through the model's Python code: no CPU graphs for small decode batches.",
 }
 
 
