@@ -129,7 +129,7 @@ def load_attention_kernel(group: int, head_dim: int, block_size: int) -> Optiona
             q = q.contiguous()
         out = q.new_empty(q.shape)
         kernel(q, k_cache, v_cache, out, block_tables, context_lens, q.shape[0], q.stride(0), k_cache.shape[0],
-               k_cache.shape[1], block_tables.shape[1], scale)
+               k_cache.shape[1], block_tables.shape[1], float(scale))
         return out
 
     return run
@@ -159,7 +159,7 @@ def load_layer_ops() -> Optional[LayerOps]:
         residual += x in place and norm(residual) * weight."""
         x = x.contiguous()
         out = torch.empty_like(x)
-        norm(x, residual, weight, out, x.numel() // x.shape[-1], x.shape[-1], eps)
+        norm(x, residual, weight, out, x.numel() // x.shape[-1], x.shape[-1], float(eps))
         return out
 
     def rope_and_cache(qkv: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
