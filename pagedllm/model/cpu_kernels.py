@@ -203,19 +203,13 @@ def load_packed_linear() -> Optional[PackedLinear]:
     library.panel_width.restype = ctypes.c_int64
     run_float32, run_int8 = Kernel(library, "packed_linear_f32"), Kernel(library, "packed_linear_i8")
 
-    def float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def run(kernel: Kernel, x: torch.Tensor, weight: torch.Tensor, *scales: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
         out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
-        run_float32(x, weight, out, x.shape[0], out.shape[1], x.shape[1])
+        kernel(x, weight, *scales, out, x.shape[0], out.shape[1], x.shape[1])
         return out
 
-    def int8(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
-        run_int8(x, weight, scales, out, x.shape[0], out.shape[1], x.shape[1])
-        return out
-
-    return PackedLinear(library.panel_width(), float32, int8)
+    return PackedLinear(library.panel_width(), functools.partial(run, run_float32), functools.partial(run, run_int8))
 
 
 def _load(source: str, defines: dict[str, int]) -> Optional[ctypes.CDLL]:

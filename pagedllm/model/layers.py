@@ -99,6 +99,7 @@ class MergedLinear(nn.Module):
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias
 
+
 class Linear(MergedLinear):
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__(input_size, [output_size], bias)

@@ -68,7 +68,7 @@ class DecodeGraph:
             slot_mapping=torch.zeros(batch_size, dtype=torch.long), prefill_groups=[], prefills=[],
             num_prefill_tokens=0, decode_block_tables=torch.zeros(batch_size, max_blocks, dtype=torch.long),
             decode_context_lens=torch.zeros(batch_size, dtype=torch.long))
-        self._calls: list[RecordedCall] = []
+        self._calls: list[RecordedCall] = []  # kept alive: the plan points into their arguments and tensors
         self._plan: Optional[tuple[ctypes.Array, ctypes.Array, int]] = None
         self._output: Optional[torch.Tensor] = None
 
