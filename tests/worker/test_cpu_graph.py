@@ -65,3 +65,13 @@ def test_capture_refuses_computation_and_allows_views():
             x + 1
         with pytest.raises(CaptureRefused, match="copies"):
             x.t().reshape(24)
+
+
+@pytest.mark.slow
+def test_default_model_replays_batch_one_as_eager(llm, default_model):
+    prompt = [{"prompt_token_ids": llm.get_tokenizer().encode("The capital of France is")}]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
+    replayed = llm.generate(prompt, params, use_tqdm=False)
+    assert 1 in _runner(llm).decode_graphs.graphs
+    eager = LLM(default_model, enforce_eager=True).generate(prompt, params, use_tqdm=False)
+    _assert_same(replayed, eager)
