@@ -19,7 +19,11 @@ def executor_class(config: EngineConfig) -> type[ExecutorBase]:
         from pagedllm.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor
-    raise ValueError(f"distributed_executor_backend {backend!r} is not available in this build; use 'uni' or 'mp'.")
+    if backend == "ray":
+        from pagedllm.executor.ray_executor import RayExecutor
+
+        return RayExecutor
+    raise ValueError(f"Unrecognized distributed executor backend {backend!r}.")
 
 
 __all__ = ["ExecutorBase", "executor_class"]

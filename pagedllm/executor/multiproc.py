@@ -11,7 +11,7 @@ import weakref
 from typing import Any, Callable, Optional, Union
 
 from pagedllm.executor.base import ExecutorBase
-from pagedllm.executor.worker_process import WorkerDiedError, WorkerProcess, encode_call
+from pagedllm.executor.worker_process import WorkerDiedError, WorkerProcess, encode_call, gather_replies
 
 
 class MultiprocExecutor(ExecutorBase):
@@ -31,7 +31,7 @@ class MultiprocExecutor(ExecutorBase):
             message = encode_call(method, args, kwargs or {})
             for worker in self.workers:
                 worker.send(message)
-            return [worker.receive(name, timeout) for worker in self.workers]
+            return gather_replies(self.workers, name, timeout)
         except (WorkerDiedError, TimeoutError) as error:
             self._failure = error
             self.shutdown()

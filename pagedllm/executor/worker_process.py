@@ -102,11 +102,9 @@ class WorkerProcess:
         except (BrokenPipeError, OSError):
             raise self.death_error() from None
 
-    def receive(self, method: str, timeout: Optional[float]) -> Any:
-        """The reply to the call sent last; raises WorkerDiedError if the process dies or the call failed,
-        TimeoutError if no reply comes within `timeout` seconds."""
-        if not wait([self.conn], timeout):  # a dead worker's socket is readable: it reads as closed
-            raise TimeoutError(f"Worker {self.rank} (pid {self.pid}) did not answer {method} within {timeout} s.")
+    def read_reply(self, method: str) -> Any:
+        """The reply to the call sent last, once the socket is readable; raises WorkerDiedError if the
+        process died (its socket then reads as closed) or the call failed."""
         try:
             ok, result = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
@@ -143,6 +141,24 @@ class WorkerProcess:
 
 def encode_call(method: Any, args: tuple, kwargs: dict) -> bytes:
     return cloudpickle.dumps((method, args, kwargs))
+
+
+def gather_replies(workers: list[WorkerProcess], method: str, timeout: Optional[float]) -> list[Any]:
+    """Every worker's reply in rank order, read as they come: a worker that dies is noticed at once even
+    while the others wait for it inside a collective operation."""
+    pending = {worker.conn: worker for worker in workers}
+    replies: dict[int, Any] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready = wait(list(pending), left)
+        if not ready:
+            late = ", ".join(f"{w.rank} (pid {w.pid})" for w in pending.values())
+            raise TimeoutError(f"Workers {late} did not answer {method} within {timeout} s.")
+        for conn in ready:
+            worker = pending.pop(conn)
+            replies[worker.rank] = worker.read_reply(method)
+    return [replies[worker.rank] for worker in workers]
 
 
 if __name__ == "__main__":
