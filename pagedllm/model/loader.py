@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
+from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.llama import LlamaForCausalLM
 
@@ -39,14 +40,15 @@ def _onednn_beats_panels() -> bool:
         return True
 
 
-def load_model(model_config: ModelConfig, device: str) -> nn.Module:
-    """The model with its weights, in model_config.dtype on `device`, in inference mode."""
+def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext = SINGLE_PROCESS) -> nn.Module:
+    """The model with its weights, in model_config.dtype on `device`, in inference mode; under tensor or
+    pipeline parallelism (`parallel` from pagedllm.distributed.init_distributed), this worker's shard of it."""
     hf_config = model_config.hf_config
     archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
     if not archs & _DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {sorted(archs)} is not supported; supported: "
                          f"{sorted(_DECODER_ARCHITECTURES)}.")
-    model = LlamaForCausalLM(hf_config)
+    model = LlamaForCausalLM(hf_config, parallel)
     if model_config.format == "gguf":
         from pagedllm.model.gguf_loader import iter_gguf_weights
 

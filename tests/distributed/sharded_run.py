@@ -1,0 +1,78 @@
+"""A model driven directly over the paged KV cache, whole in this process or sharded over spawned processes
+(gloo on CPU), through three steps that cover every attention path: fresh prefills, a prefill chunk after
+cached context, and decodes."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Optional
+
+import torch
+import torch.multiprocessing as mp
+
+from pagedllm.core.request import Request
+from pagedllm.distributed import (KVCacheShape, ParallelRanks, destroy_distributed, init_distributed,
+                                  local_kv_cache_shape)
+from pagedllm.model.attention import allocate_kv_cache
+from pagedllm.model.loader import load_model
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker.batch import build_model_input
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 8
+# Per step, how many tokens of each request run: request 0 is a 7-token prompt, request 1 a 21-token
+# prompt prefilled in two chunks; then each decodes. A request given no tokens sits the step out.
+PROMPTS = [list(range(3, 10)), list(range(40, 82, 2))]
+STEPS = [(7, 10), (1, 11), (1, 1)]
+NEXT_TOKENS = [11, 23]  # appended to each request once its prompt is done
+
+
+def run_steps(model: Any, kv_shape: KVCacheShape) -> Optional[torch.Tensor]:
+    """Logits of every sampled position, [5, vocab] (the request that completed its tokens each step, in
+    layout order), on the output rank; None on the other ranks."""
+    kv_caches = [allocate_kv_cache(NUM_BLOCKS, BLOCK_SIZE, kv_shape.num_kv_heads, kv_shape.head_dim, torch.float32,
+                                   torch.device("cpu")) for _ in range(kv_shape.num_layers)]
+    requests = [Request(str(i), prompt, SamplingParams(), 0.0) for i, prompt in enumerate(PROMPTS)]
+    requests[0].block_ids, requests[1].block_ids = [5], [2, 7]
+    logits = []
+    for counts in STEPS:
+        scheduled = [(r, n) for r, n in zip(requests, counts)]
+        batch = build_model_input(scheduled, BLOCK_SIZE, torch.device("cpu"))
+        hidden = model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata)
+        if hidden is not None:
+            logits.append(model.compute_logits(hidden[batch.sample_token_indices]))
+        for (request, n), token in zip(scheduled, NEXT_TOKENS):
+            request.num_computed_tokens += n
+            if request.num_computed_tokens == request.num_tokens:
+                request.append_output_token(token)
+    return None if not logits or logits[0] is None else torch.cat(logits)
+
+
+def run_whole(model_config: Any) -> torch.Tensor:
+    model = load_model(model_config, "cpu")
+    with torch.inference_mode():
+        return run_steps(model, local_kv_cache_shape(model_config.hf_config, ParallelRanks()))
+
+
+def run_sharded(model_config: Any, tp_size: int, pp_size: int, out_dir: str) -> torch.Tensor:
+    """The output rank's logits of the model split over tp_size * pp_size spawned processes."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(tp_size, pp_size, port, model_config, out_dir), nprocs=tp_size * pp_size)
+    return torch.load(os.path.join(out_dir, "logits.pt"))
+
+
+def _rank_main(rank: int, tp_size: int, pp_size: int, port: int, model_config: Any, out_dir: str) -> None:
+    torch.set_num_threads(1)  # several ranks share two cores
+    ranks = ParallelRanks.from_rank(rank, tp_size, pp_size)
+    parallel = init_distributed(ranks, f"tcp://127.0.0.1:{port}", timeout_s=120)
+    try:
+        model = load_model(model_config, "cpu", parallel)
+        with torch.inference_mode():
+            logits = run_steps(model, local_kv_cache_shape(model_config.hf_config, ranks))
+        assert (logits is not None) == ranks.is_output_rank
+        if ranks.is_output_rank:
+            torch.save(logits, os.path.join(out_dir, "logits.pt"))
+    finally:
+        destroy_distributed()
