@@ -3,18 +3,24 @@
 cached context, and decodes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
+import types
 from typing import Any, Optional
 
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 
 from pagedllm.core.request import Request
 from pagedllm.distributed import (KVCacheShape, ParallelRanks, destroy_distributed, init_distributed,
                                   local_kv_cache_shape)
 from pagedllm.model.attention import allocate_kv_cache
-from pagedllm.model.loader import load_model
+from pagedllm.model.layers import MergedLinear
+from pagedllm.model.llama import LlamaForCausalLM
+from pagedllm.model.loader import iter_weights, load_model
+from pagedllm.model.parallel_layers import RowParallelLinear
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.batch import build_model_input
 
@@ -54,12 +60,37 @@ def run_whole(model_config: Any) -> torch.Tensor:
         return run_steps(model, local_kv_cache_shape(model_config.hf_config, ParallelRanks()))
 
 
+def run_whole_int8_as_sharded(model_config: Any, tp_size: int) -> torch.Tensor:
+    """The whole model in float32 over int8-rounded weights, rounded as tp_size ranks round them: one scale per
+    output row, of each rank's input columns in a row-parallel layer. The reference for sharded int8, whose
+    kernels multiply by the same values."""
+    model = LlamaForCausalLM(model_config.hf_config)
+    model.load_weights(iter_weights(model_config))
+    if model.tie_word_embeddings:  # the embedding lookup stays float32
+        model.lm_head.weight = nn.Parameter(model.lm_head.weight.data.clone(), requires_grad=False)
+    for module in model.modules():
+        if isinstance(module, MergedLinear):
+            for weight in module.weight.data.chunk(tp_size if isinstance(module, RowParallelLinear) else 1, dim=1):
+                _round_to_int8(weight)
+    with torch.inference_mode():
+        return run_steps(model, local_kv_cache_shape(model_config.hf_config, ParallelRanks()))
+
+
+def _round_to_int8(weight: torch.Tensor) -> None:
+    """Symmetric per-row int8 quantization, dequantized in place."""
+    scales = weight.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    weight.div_(scales).round_().mul_(scales)
+
+
 def run_sharded(model_config: Any, tp_size: int, pp_size: int, out_dir: str) -> torch.Tensor:
     """The output rank's logits of the model split over tp_size * pp_size spawned processes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_main, args=(tp_size, pp_size, port, model_config, out_dir), nprocs=tp_size * pp_size)
+    # The config's fields as a plain namespace: unpickling a transformers config would import transformers in
+    # every process, seconds each on two shared cores.
+    plain = dataclasses.replace(model_config, hf_config=types.SimpleNamespace(**model_config.hf_config.to_dict()))
+    mp.spawn(_rank_main, args=(tp_size, pp_size, port, plain, out_dir), nprocs=tp_size * pp_size)
     return torch.load(os.path.join(out_dir, "logits.pt"))
 
 
