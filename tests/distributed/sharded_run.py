@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import types
 from typing import Any, Optional
 
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from pagedllm.core.request import Request
-from pagedllm.distributed import (KVCacheShape, ParallelRanks, destroy_distributed, init_distributed,
-                                  local_kv_cache_shape)
+from pagedllm.distributed import KVCacheShape, ParallelContext, ParallelRanks, local_kv_cache_shape
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.llama import LlamaForCausalLM
@@ -23,11 +20,12 @@ from pagedllm.model.loader import iter_weights, load_model
 from pagedllm.model.parallel_layers import RowParallelLinear
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.batch import build_model_input
+from spawn import spawn_ranks
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 8
 # Per step, how many tokens of each request run: request 0 is a 7-token prompt, request 1 a 21-token
-# prompt prefilled in two chunks; then each decodes. A request given no tokens sits the step out.
+# prompt prefilled in two chunks; then each decodes.
 PROMPTS = [list(range(3, 10)), list(range(40, 82, 2))]
 STEPS = [(7, 10), (1, 11), (1, 1)]
 NEXT_TOKENS = [11, 23]  # appended to each request once its prompt is done
@@ -84,26 +82,17 @@ def _round_to_int8(weight: torch.Tensor) -> None:
 
 def run_sharded(model_config: Any, tp_size: int, pp_size: int, out_dir: str) -> torch.Tensor:
     """The output rank's logits of the model split over tp_size * pp_size spawned processes."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # The config's fields as a plain namespace: unpickling a transformers config would import transformers in
     # every process, seconds each on two shared cores.
     plain = dataclasses.replace(model_config, hf_config=types.SimpleNamespace(**model_config.hf_config.to_dict()))
-    mp.spawn(_rank_main, args=(tp_size, pp_size, port, plain, out_dir), nprocs=tp_size * pp_size)
+    spawn_ranks(_run_shard, tp_size, pp_size, plain, out_dir)
     return torch.load(os.path.join(out_dir, "logits.pt"))
 
 
-def _rank_main(rank: int, tp_size: int, pp_size: int, port: int, model_config: Any, out_dir: str) -> None:
-    torch.set_num_threads(1)  # several ranks share two cores
-    ranks = ParallelRanks.from_rank(rank, tp_size, pp_size)
-    parallel = init_distributed(ranks, f"tcp://127.0.0.1:{port}", timeout_s=120)
-    try:
-        model = load_model(model_config, "cpu", parallel)
-        with torch.inference_mode():
-            logits = run_steps(model, local_kv_cache_shape(model_config.hf_config, ranks))
-        assert (logits is not None) == ranks.is_output_rank
-        if ranks.is_output_rank:
-            torch.save(logits, os.path.join(out_dir, "logits.pt"))
-    finally:
-        destroy_distributed()
+def _run_shard(parallel: ParallelContext, model_config: Any, out_dir: str) -> None:
+    model = load_model(model_config, "cpu", parallel)
+    with torch.inference_mode():
+        logits = run_steps(model, local_kv_cache_shape(model_config.hf_config, parallel.ranks))
+    assert (logits is not None) == parallel.ranks.is_output_rank
+    if parallel.ranks.is_output_rank:
+        torch.save(logits, os.path.join(out_dir, "logits.pt"))
