@@ -100,11 +100,6 @@ class MergedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-class Linear(MergedLinear):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__(input_size, [output_size], bias)
-
-
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding in Hugging Face's half-split layout, with a cos/sin table row per position.
 

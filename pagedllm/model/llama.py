@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama, SmolLM2, Qwen2 with QKV biases, Mistral) over a paged KV cache."""
+"""Llama-family decoder (Llama, SmolLM2, Qwen2 with QKV biases, Mistral) over a paged KV cache, whole or as one
+rank's shard: its tensor-parallel slice of one pipeline stage's layers (pagedllm/distributed)."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Optional
@@ -7,9 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedllm.distributed import SINGLE_PROCESS, IntermediateTensors, ParallelContext, TensorParallelGroup
+from pagedllm.distributed.partition import even_slice, head_dim, kv_head_slice, layer_slice
 from pagedllm.model.attention import AttentionMetadata, KVCache, paged_attention, store_rotated_kv
 from pagedllm.model.cpu_kernels import layer_ops_for
-from pagedllm.model.layers import Linear, MergedLinear, RMSNorm, RotaryEmbedding, RotaryPositions
+from pagedllm.model.layers import RMSNorm, RotaryEmbedding, RotaryPositions
+from pagedllm.model.parallel_layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                            parallel_lm_head)
 
 
 def _rope_parameters(config: Any) -> dict:
@@ -20,16 +25,18 @@ def _rope_parameters(config: Any) -> dict:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """Attention over this rank's query heads and the KV heads they read (its KV cache holds only those)."""
+
+    def __init__(self, config: Any, tp: TensorParallelGroup) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.head_dim = d = head_dim(config)
+        first_head, self.num_heads = even_slice(config.num_attention_heads, tp.rank, tp.size)
+        first_kv_head, self.num_kv_heads = kv_head_slice(config.num_key_value_heads, tp.rank, tp.size)
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(config.hidden_size, [q_size, kv_size, kv_size], bias=bias)
-        self.o_proj = Linear(q_size, config.hidden_size)
-        self.scale = self.head_dim ** -0.5
+        q_rows, kv_rows = (first_head * d, self.num_heads * d), (first_kv_head * d, self.num_kv_heads * d)
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_rows, kv_rows, kv_rows], bias=bias)
+        self.o_proj = RowParallelLinear(q_rows, config.hidden_size, tp)
+        self.scale = d ** -0.5
 
     def forward(self, rotary: RotaryPositions, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -41,11 +48,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, tp: TensorParallelGroup) -> None:
         super().__init__()
-        size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, [size, size])
-        self.down_proj = Linear(size, config.hidden_size)
+        rows = even_slice(config.intermediate_size, tp.rank, tp.size)
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [rows, rows])
+        self.down_proj = RowParallelLinear(rows, config.hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -57,12 +64,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, tp: TensorParallelGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config)
+        self.self_attn = LlamaAttention(config, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = LlamaMLP(config)
+        self.mlp = LlamaMLP(config, tp)
 
     def forward(self, rotary: RotaryPositions, x: torch.Tensor, residual: Optional[torch.Tensor], kv_cache: KVCache,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,46 +91,76 @@ _MERGED_SHARDS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj"
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """The decoder, or one rank's shard of it: its pipeline stage's layers (the embedding on the first stage,
+    the final norm and LM head on the last), each split over the stage's tensor-parallel ranks."""
+
+    def __init__(self, config: Any, parallel: ParallelContext = SINGLE_PROCESS) -> None:
         super().__init__()
-        self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.rotary = RotaryEmbedding(head_dim, config.max_position_embeddings, _rope_parameters(config))
+        self.config, self.parallel = config, parallel
+        ranks, tp = parallel.ranks, parallel.tp
+        self.first_layer, num_layers = layer_slice(config.num_hidden_layers, ranks.pp_rank, ranks.pp_size)
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+                             if ranks.is_first_stage else None)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, tp) for _ in range(num_layers))
+        self.rotary = RotaryEmbedding(head_dim(config), config.max_position_embeddings, _rope_parameters(config))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size)
-        if self.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        self.norm, self.lm_head = None, None
+        if ranks.is_last_stage:
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.lm_head = parallel_lm_head(config.vocab_size, config.hidden_size, tp)
+            if self.tie_word_embeddings and self.embed_tokens is not None:
+                self.lm_head.weight = self.embed_tokens.weight
         self.requires_grad_(False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_embeds: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
-                meta: AttentionMetadata) -> torch.Tensor:
-        """input_embeds [T, hidden], positions [T] -> final hidden states [T, hidden]."""
-        x, residual = input_embeds, None
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                meta: AttentionMetadata, residual: Optional[torch.Tensor] = None) -> Any:
+        """This stage's layers over hidden [T, hidden] at positions [T]: the input embeddings on the first
+        stage, on later ones the previous stage's hidden states and residual stream. Returns the final hidden
+        states [T, hidden] on the last stage, else IntermediateTensors for the next. kv_caches: one per local
+        layer."""
         rotary = self.rotary.at(positions)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(rotary, x, residual, kv_cache, meta)
-        return self.norm(x, residual)[0]
+            hidden, residual = layer(rotary, hidden, residual, kv_cache, meta)
+        if self.norm is None:
+            return IntermediateTensors(hidden, residual)
+        return self.norm(hidden, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> float32 logits [N, vocab]."""
-        return self.lm_head(hidden).float()
+    def forward_stage(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                      meta: AttentionMetadata) -> Optional[torch.Tensor]:
+        """One forward pass of this stage with its pipeline traffic: the first stage embeds input_ids [T], later
+        ones receive the previous stage's output. The last stage returns the final hidden states [T, hidden];
+        the others send theirs to the next stage and return None. Every worker of the step calls it."""
+        if self.embed_tokens is not None:
+            hidden, residual = self.embed(input_ids), None
+        else:
+            hidden, residual = self.parallel.pipeline.recv(self.layers[0].input_layernorm.weight.dtype)
+        out = self(hidden, positions, kv_caches, meta, residual)
+        if isinstance(out, IntermediateTensors):
+            self.parallel.pipeline.send(out)
+            return None
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """hidden [N, hidden] -> float32 logits [N, vocab] on the output rank (TP rank 0 of the last stage);
+        None on the other ranks of the last stage, which must call it too (they send their vocabulary slice)."""
+        logits = self.parallel.tp.gather(self.lm_head(hidden))
+        if logits is None:
+            return None
+        return logits[:, :self.config.vocab_size].float().contiguous()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face-named tensors into this model, merging split projections."""
+        """Copy Hugging Face-named tensors into this model, merging split projections; a shard takes its slice
+        of each tensor of its stage and skips the others."""
         params = dict(self.named_parameters())
         for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name:
+            name = self._local_name(name.removeprefix("model."))
+            if name is None:
                 continue
-            if name == "lm_head.weight":
-                if not self.tie_word_embeddings:
-                    self.lm_head.load_shard(0, "weight", tensor)
+            if name in ("embed_tokens.weight", "lm_head.weight"):
+                self._load_vocabulary(name, tensor)
                 continue
             parts = name.split(".")
             if len(parts) >= 4 and parts[-2] in _MERGED_SHARDS:
@@ -134,3 +171,25 @@ class LlamaForCausalLM(nn.Module):
             if name not in params:
                 raise ValueError(f"Unexpected weight {name!r} in the checkpoint.")
             params[name].data.copy_(tensor)
+
+    def _local_name(self, name: str) -> Optional[str]:
+        """A checkpoint name as this stage's module names it (layers renumbered from the stage's first), or
+        None for what the model derives (rotary tables) or another stage holds."""
+        if "rotary_emb" in name or (name.startswith("norm.") and self.norm is None):
+            return None
+        if not name.startswith("layers."):
+            return name
+        _, index, rest = name.split(".", 2)
+        local = int(index) - self.first_layer
+        return f"layers.{local}.{rest}" if 0 <= local < len(self.layers) else None
+
+    def _load_vocabulary(self, name: str, tensor: torch.Tensor) -> None:
+        """The embedding table and the LM head, where this stage holds them. A tied head shares the embedding's
+        table, or, on a last stage without the embedding, loads that table itself."""
+        if name == "embed_tokens.weight":
+            if self.embed_tokens is not None:
+                self.embed_tokens.load_weight(tensor)
+            elif self.lm_head is not None and self.tie_word_embeddings:
+                self.lm_head.load_shard(0, "weight", tensor)
+        elif self.lm_head is not None and not self.tie_word_embeddings:
+            self.lm_head.load_shard(0, "weight", tensor)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import ModelConfig
+from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.llama import LlamaForCausalLM
 
@@ -26,6 +27,15 @@ def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from load_file(file).items()
 
 
+def iter_weights(model_config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's full tensors, in Hugging Face names; each rank of a sharded model reads them all."""
+    if model_config.format == "gguf":
+        from pagedllm.model.gguf_loader import iter_gguf_weights
+
+        return iter_gguf_weights(model_config.path, model_config.hf_config)
+    return _iter_safetensors(model_config.path)
+
+
 def _onednn_beats_panels() -> bool:
     """Whether oneDNN's prepacked float32 matmul beats packed_linear.c on this CPU. Measured on AMD Zen 3,
     oneDNN ran prefill 1.2x and decode 2x faster than MKL; on an Intel Xeon, MKL ran 1.1-1.15x faster than
@@ -39,21 +49,16 @@ def _onednn_beats_panels() -> bool:
         return True
 
 
-def load_model(model_config: ModelConfig, device: str) -> nn.Module:
-    """The model with its weights, in model_config.dtype on `device`, in inference mode."""
+def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext = SINGLE_PROCESS) -> nn.Module:
+    """The model with its weights, in model_config.dtype on `device`, in inference mode; under tensor or
+    pipeline parallelism (`parallel` from pagedllm.distributed.init_distributed), this worker's shard of it."""
     hf_config = model_config.hf_config
     archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
     if not archs & _DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {sorted(archs)} is not supported; supported: "
                          f"{sorted(_DECODER_ARCHITECTURES)}.")
-    model = LlamaForCausalLM(hf_config)
-    if model_config.format == "gguf":
-        from pagedllm.model.gguf_loader import iter_gguf_weights
-
-        weights = iter_gguf_weights(model_config.path, hf_config)
-    else:
-        weights = _iter_safetensors(model_config.path)
-    model.load_weights(weights)
+    model = LlamaForCausalLM(hf_config, parallel)
+    model.load_weights(iter_weights(model_config))
     model = model.to(device=device, dtype=model_config.dtype).eval()
     linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
     if model_config.quantization == "int8":
