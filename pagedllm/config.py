@@ -238,7 +238,7 @@ class EngineArgs:
         return EngineConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=self._scheduler_config(max_model_len),
-            parallel_config=self._parallel_config(), device_config=DeviceConfig(device),
+            parallel_config=self._parallel_config(source.hf_config), device_config=DeviceConfig(device),
             observability_config=ObservabilityConfig(self.otlp_traces_endpoint, self.collect_detailed_traces,
                                                      self.disable_log_stats),
             lora_config=({"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
@@ -271,7 +271,8 @@ class EngineArgs:
             enable_chunked_prefill=chunked, preemption_mode=self.preemption_mode, policy=self.scheduling_policy,
             num_scheduler_steps=self.num_scheduler_steps)
 
-    def _parallel_config(self) -> ParallelConfig:
+    def _parallel_config(self, hf_config: Any) -> ParallelConfig:
+        from pagedllm.distributed.partition import verify_parallel_sizes
         from pagedllm.executor.base import ExecutorBase
 
         backend = self.distributed_executor_backend
@@ -281,8 +282,11 @@ class EngineArgs:
         if not (backend in known or (isinstance(backend, type) and issubclass(backend, ExecutorBase))):
             raise ValueError(f"Unrecognized distributed executor backend {backend!r}. Supported values are "
                              "'uni', 'mp', 'ray' or a subclass of ExecutorBase.")
-        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
-            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be at least 1.")
+        verify_parallel_sizes(hf_config, self.tensor_parallel_size, self.pipeline_parallel_size)
+        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        if backend == "uni" and world_size > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one worker, but tensor_parallel_size * "
+                             f"pipeline_parallel_size is {world_size}; use 'mp' or 'ray'.")
         return ParallelConfig(self.tensor_parallel_size, self.pipeline_parallel_size, backend)
 
 

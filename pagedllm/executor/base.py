@@ -28,8 +28,11 @@ class ExecutorBase(ABC):
         return their results in rank order."""
 
     def execute_model(self, scheduler_output: Any) -> Any:
-        """Run one step on the workers; the driver worker's output is the step's result."""
-        return self.collective_rpc("execute_model", args=(scheduler_output,))[0]
+        """Run one step on the workers; the output rank's (tensor-parallel rank 0 of the last pipeline stage)
+        result is the step's."""
+        parallel = self.config.parallel_config
+        output_rank = (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
+        return self.collective_rpc("execute_model", args=(scheduler_output,))[output_rank]
 
     def determine_num_available_blocks(self) -> int:
         return min(self.collective_rpc("determine_num_available_blocks"))

@@ -10,6 +10,8 @@ from torch import nn
 from pagedllm.config import EngineConfig
 from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
 from pagedllm.core.scheduler_output import SchedulerOutput
+from pagedllm.distributed.partition import local_kv_cache_shape
+from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
@@ -25,8 +27,10 @@ CPU_TOKENS_PER_FORWARD = 2048
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device) -> None:
+    def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device,
+                 ranks: ParallelRanks = ParallelRanks()) -> None:
         self.config = config
+        self.ranks = ranks
         self.model = model
         self.device = device
         self.block_size = config.cache_config.block_size
@@ -39,13 +43,15 @@ class ModelRunner:
         self.input_state = InputState()
 
     def initialize_cache(self, num_blocks: int) -> None:
-        hf = self.config.model_config.hf_config
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, hf.num_key_value_heads, head_dim,
+        shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
+        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
                                             self.config.model_config.dtype, self.device)
-                          for _ in range(hf.num_hidden_layers)]
+                          for _ in range(shape.num_layers)]
         model_config = self.config.model_config
-        if self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager:
+        # A graph replays one process's kernels: tensor parallelism's all-reduces and a pipeline stage's
+        # sends are not kernel calls (a capture would refuse them), so sharded models run eagerly.
+        if (self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager
+                and self.ranks.world_size == 1):
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, model_config.max_model_len,
                                               self.block_size)
 
@@ -72,16 +78,18 @@ class ModelRunner:
         start = time.perf_counter()
         hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
         if hidden is None:
-            hidden = self.model(self.model.embed(batch.input_ids), batch.positions, self.kv_caches,
-                                batch.attn_metadata)
+            hidden = self.model.forward_stage(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
         forward_ms = (time.perf_counter() - start) * 1000
+        if hidden is None:  # a pipeline stage before the last: its output went to the next stage
+            return ModelRunnerOutput({}, {}, {}, forward_ms)
         prompt_logprobs = self._prompt_logprobs(batch, hidden)
         sampling = [batch.requests[i] for i in batch.sample_rows]
-        if not sampling:
+        # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
+        logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
+        if logits is None:
             return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
-        logits = self.model.compute_logits(hidden[batch.sample_token_indices])
         meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device,
                                       grammar_bitmasks)
         out = self.sampler(logits, meta)
@@ -115,7 +123,10 @@ class ModelRunner:
             last = min(first + n, request.num_prompt_tokens - 1)
             if last <= first:
                 continue
-            logprobs = torch.log_softmax(self.model.compute_logits(hidden[start:start + last - first]), dim=-1)
+            logits = self.model.compute_logits(hidden[start:start + last - first])
+            if logits is None:  # a rank of the last stage other than the output rank
+                continue
+            logprobs = torch.log_softmax(logits, dim=-1)
             targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=self.device)
             actual = logprobs.gather(1, targets.unsqueeze(1))
             ranks = (logprobs > actual).sum(dim=-1) + 1

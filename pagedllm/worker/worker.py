@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -9,6 +10,10 @@ import torch
 from pagedllm.config import EngineConfig
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.scheduler_output import SchedulerOutput
+from pagedllm.distributed.communication import SINGLE_PROCESS, ParallelContext
+from pagedllm.distributed.partition import local_kv_cache_shape
+from pagedllm.distributed.process_groups import destroy_distributed, init_distributed
+from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.loader import load_model
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.profiler import WorkerProfiler
@@ -18,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 class Worker:
+    """One rank of the model: under tensor or pipeline parallelism its shard, its own KV heads and layers."""
+
     def __init__(self, config: EngineConfig, rank: int = 0, distributed_init_method: Optional[str] = None) -> None:
         self.config = config
         self.rank = rank
@@ -26,19 +33,24 @@ class Worker:
         self.model_runner: ModelRunner | None = None
         self.swap_space: SwapSpace | None = None
         self.profiler = WorkerProfiler(rank, self.device)
+        parallel = config.parallel_config
+        self.ranks = ParallelRanks.from_rank(rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+        self.parallel: ParallelContext = SINGLE_PROCESS
 
     def load_model(self) -> None:
+        if self.ranks.world_size > 1:
+            # Workers on one machine share its cores.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.ranks.world_size))
+            self.parallel = init_distributed(self.ranks, self.distributed_init_method, self.device)
         torch.manual_seed(self.config.model_config.seed)
-        model = load_model(self.config.model_config, str(self.device))
-        self.model_runner = ModelRunner(self.config, model, self.device)
+        model = load_model(self.config.model_config, str(self.device), self.parallel)
+        self.model_runner = ModelRunner(self.config, model, self.device, self.ranks)
 
     def block_bytes(self) -> int:
-        """Bytes of one KV cache block over all layers, keys and values."""
-        hf = self.config.model_config.hf_config
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        """Bytes of one KV cache block over this worker's layers and KV heads, keys and values."""
+        shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
         element = torch.tensor([], dtype=self.config.model_config.dtype).element_size()
-        return (2 * hf.num_hidden_layers * self.config.cache_config.block_size * hf.num_key_value_heads
-                * head_dim * element)
+        return 2 * shape.num_layers * self.config.cache_config.block_size * shape.num_kv_heads * shape.head_dim * element
 
     def determine_num_available_blocks(self) -> int:
         cache = self.config.cache_config
@@ -85,4 +97,5 @@ class Worker:
             raise RuntimeError("The worker has no model loaded.")
 
     def shutdown(self) -> None:
-        """Release what outlives the worker object: nothing yet in a single process."""
+        """Leave the workers' process group (a no-op in a single process)."""
+        destroy_distributed()
