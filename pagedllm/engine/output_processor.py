@@ -43,6 +43,11 @@ class OutputProcessor:
         self.parents: dict[str, ParentRequest] = {}
         self._token_text: dict[int, str] = {}
 
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Decode the requests added from now on with `tokenizer` (running ones keep their detokenizer)."""
+        self.tokenizer = tokenizer
+        self._token_text.clear()
+
     def add_request(self, request: Request, prompt: Optional[str],
                     parent: Optional[tuple[ParentRequest, int]] = None) -> None:
         self.states[request.request_id] = RequestState(request, prompt, self.tokenizer, parent)
