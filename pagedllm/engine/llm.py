@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from pagedllm.config import EngineArgs
 from pagedllm.engine.beam_search import BeamSearchOutput, beam_search
+from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.llm_requests import (GuidedDecodingRequest, final_only_params, guided_options, legacy_prompts,
                                           per_prompt)
@@ -23,7 +24,7 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
         kwargs.setdefault("disable_log_stats", True)
-        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs), UsageContext.LLM_CLASS)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self, lora_request: Any = None) -> Any:
