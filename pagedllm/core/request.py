@@ -59,6 +59,9 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of its full blocks, filled by the prefix cache
         self.status = RequestStatus.WAITING
+        # What the workers hold of it (scheduler_output.py): none while 0, else this many tokens and blocks.
+        self.num_tokens_sent = 0
+        self.num_blocks_sent = 0
         self.stop_reason: Any = None
 
     @property

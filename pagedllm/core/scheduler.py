@@ -20,41 +20,25 @@ import bisect
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager, PrefixHit
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 PREEMPTION_WARNING_INTERVAL = 50
 
 
 @dataclass
-class SchedulerOutput:
-    """One step's plan; the workers need nothing else to run it."""
+class _Plan:
+    """The step being planned, with the scheduler's own objects; `SchedulerOutput` is what leaves."""
 
-    # (request, number of its tokens computed this step)
-    scheduled: list[tuple[Request, int]]
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
     preempted: list[Request] = field(default_factory=list)
-    # Requests that can never fit in the KV cache; finished without running.
-    ignored: list[Request] = field(default_factory=list)
-    # Requests finished since the previous step, so workers can drop their per-request state.
-    finished_req_ids: set[str] = field(default_factory=set)
-    # Block copies to do before the forward pass: (device, host) out, (host, device) in. A step never
-    # does both, so no block is read and written by the two directions.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # Guided requests that sample this step -> packed bitmask of their allowed tokens (set by the engine).
-    grammar_bitmasks: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class Scheduler:
@@ -96,7 +80,7 @@ class Scheduler:
     # --- the step -----------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput([])
+        out = _Plan()
         budget = self.config.max_num_batched_tokens
         if self._priority:
             self._preempt_for_waiting(out, budget)
@@ -106,6 +90,24 @@ class Scheduler:
             if not out.blocks_to_swap_out:
                 budget = self._schedule_swapped(out, budget)
             self._schedule_waiting(out, budget)
+        return self._output(out)
+
+    def _output(self, plan: _Plan) -> SchedulerOutput:
+        """The plan as plain data for the workers: requests they do not hold whole, the others' changes."""
+        out = SchedulerOutput(blocks_to_swap_out=plan.blocks_to_swap_out, blocks_to_swap_in=plan.blocks_to_swap_in,
+                              preempted_req_ids=[r.request_id for r in plan.preempted])
+        for request, num_new in plan.scheduled:
+            out.num_scheduled_tokens[request.request_id] = num_new
+            if request.num_tokens_sent == 0:
+                out.new_requests.append(NewRequestData(
+                    request.request_id, list(request.prompt_token_ids), list(request.output_token_ids),
+                    request.sampling_params, request.eos_token_id, list(request.block_ids),
+                    request.num_computed_tokens, request.lora_request))
+            else:
+                out.cached_requests.append(CachedRequestData(
+                    request.request_id, request.all_token_ids[request.num_tokens_sent:],
+                    request.block_ids[request.num_blocks_sent:], request.num_computed_tokens))
+            request.num_tokens_sent, request.num_blocks_sent = request.num_tokens, len(request.block_ids)
         out.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
         return out
 
@@ -115,7 +117,7 @@ class Scheduler:
             return budget if self.config.enable_chunked_prefill else 0
         return num_new
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, out: _Plan, budget: int) -> int:
         """Decodes first, then partial prefills; preempt when the cache has no room."""
         order = sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1)
         scheduled: set[str] = set()
@@ -133,7 +135,7 @@ class Scheduler:
         return budget
 
     def _allocate_or_preempt(self, request: Request, num_new: int, scheduled: set[str],
-                             out: SchedulerOutput) -> bool:
+                             out: _Plan) -> bool:
         """Find room for `request` by preempting requests not yet scheduled this step; False if it was
         itself preempted."""
         while not self.kv_cache.allocate_slots(request, num_new):
@@ -146,7 +148,7 @@ class Scheduler:
     def _pick_victim(self, candidates: list[Request]) -> Request:
         return max(candidates, key=self._key) if self._priority else candidates[-1]
 
-    def _preempt_for_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _preempt_for_waiting(self, out: _Plan, budget: int) -> None:
         """Preempt the worst running requests while the best waiting one is better and has no room."""
         while self.waiting and self.running:
             head, victim = self.waiting[0], self._pick_victim(self.running)
@@ -159,9 +161,10 @@ class Scheduler:
                 return
             self._preempt(victim, out)
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, out: _Plan) -> None:
         self.running.remove(request)
         out.preempted.append(request)
+        request.num_tokens_sent = request.num_blocks_sent = 0  # workers drop it; resuming sends it whole
         pairs = self.kv_cache.swap_out(request) if self._swap else None
         if pairs is not None:
             out.blocks_to_swap_out.extend(pairs)
@@ -189,7 +192,7 @@ class Scheduler:
     def _has_room_for_another(self, budget: int) -> bool:
         return budget > 0 and len(self.running) < self.config.max_num_seqs
 
-    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_swapped(self, out: _Plan, budget: int) -> int:
         while self._swapped_first() and self._has_room_for_another(budget):
             request = self.swapped[0]
             if self._ignore_if_never_fits(self.swapped, out):
@@ -202,7 +205,7 @@ class Scheduler:
             budget = self._start_running(self.swapped, num_new, out, budget)
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_waiting(self, out: _Plan, budget: int) -> int:
         while self.waiting and not self._swapped_first() and self._has_room_for_another(budget):
             request = self.waiting[0]
             if self._ignore_if_never_fits(self.waiting, out):
@@ -220,14 +223,14 @@ class Scheduler:
         if request.status == RequestStatus.WAITING:  # first scheduling; a preempted one keeps its count
             request.num_cached_tokens = hit.num_tokens
 
-    def _start_running(self, queue: deque[Request], num_new: int, out: SchedulerOutput, budget: int) -> int:
+    def _start_running(self, queue: deque[Request], num_new: int, out: _Plan, budget: int) -> int:
         request = queue.popleft()
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         out.scheduled.append((request, num_new))
         return budget - num_new
 
-    def _ignore_if_never_fits(self, queue: deque[Request], out: SchedulerOutput) -> bool:
+    def _ignore_if_never_fits(self, queue: deque[Request], out: _Plan) -> bool:
         """Finish the head of `queue` if the whole cache could never hold it."""
         request = queue[0]
         if self.kv_cache.can_ever_fit(request.num_tokens):
@@ -236,17 +239,20 @@ class Scheduler:
                        "without further output.", request.request_id, request.num_tokens,
                        (self.kv_cache.num_blocks - self.kv_cache.watermark_blocks) * self.kv_cache.block_size)
         queue.popleft()
-        self._finish(request, RequestStatus.FINISHED_IGNORED)
-        out.ignored.append(request)
+        self._finish(request, RequestStatus.FINISHED_IGNORED)  # the engine finds it among finished_req_ids
         return True
 
     # --- after the step -----------------------------------------------------------------------------------
 
     def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> None:
-        """Advance computed counts by the step's tokens and append each sampled token."""
-        for request, num_new in output.scheduled:
+        """Advance computed counts by the step's tokens and append each sampled token (requests finished
+        while the step ran are left as they are)."""
+        for request_id, num_new in output.num_scheduled_tokens.items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
             request.num_computed_tokens += num_new
-            token = sampled_token_ids.get(request.request_id)
+            token = sampled_token_ids.get(request_id)
             if token is not None:
                 request.append_output_token(token)
 

@@ -12,6 +12,7 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
+from pagedllm.engine.request_state import RequestState
 from pagedllm.executor import ExecutorBase
 from pagedllm.inputs import PromptType, parse_prompt
 from pagedllm.metrics.collector import StatsCollector
@@ -19,7 +20,7 @@ from pagedllm.metrics.loggers import StatLoggerBase
 from pagedllm.metrics.setup import default_stat_loggers, request_tracer
 from pagedllm.metrics.tracing import warn_tracing_disabled
 from pagedllm.outputs import RequestOutput
-from pagedllm.sample.guided_decoding import GrammarManager
+from pagedllm.sample.guided_decoding import GrammarManager, accept_token
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer import get_generation_config, get_tokenizer
 
@@ -43,6 +44,8 @@ class LLMEngine(EngineCompatMixin):
                     block_size, num_blocks * block_size, time.perf_counter() - start)
         self.scheduler = Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks))
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
+        self.requests: dict[str, RequestState] = {}  # every unfinished request's record, by engine id
+        self.parents: dict[str, ParentRequest] = {}  # unfinished n > 1 requests, by the user's id
         stop_ids = sorted(({self.eos_token_id} | self.generation_eos_ids()) - {None})
         self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
         self._init_observability(num_blocks)
@@ -58,8 +61,7 @@ class LLMEngine(EngineCompatMixin):
 
     def _init_observability(self, num_blocks: int) -> None:
         lora = self.config.lora_config
-        self.stats = StatsCollector(self.scheduler, lambda rid: self.output_processor.states[rid].metrics,
-                                    collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        self.stats = StatsCollector(self.scheduler, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
         self.stat_loggers: dict[str, StatLoggerBase] = (
             default_stat_loggers(self.config, num_blocks) if self.log_stats else {})
         self.tracer = request_tracer(self.config)
@@ -93,7 +95,7 @@ class LLMEngine(EngineCompatMixin):
         """Validate and queue a request; a bad request raises ValueError (or TypeError) and changes nothing."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
-        if self.output_processor.is_known(request_id):
+        if request_id in self.requests or request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}.")
@@ -113,10 +115,13 @@ class LLMEngine(EngineCompatMixin):
             request = Request(child_id, list(token_ids), child_params, arrival_time or time.time(),
                               self.eos_token_id, priority, lora_request,
                               trace_headers=trace_headers if self.tracer else None)
-            if child_params.guided_decoding is not None:
-                self.grammars.add_request(child_id, child_params.guided_decoding)
-            self.output_processor.add_request(request, text, (parent, index) if parent is not None else None)
+            guided = child_params.guided_decoding
+            self.requests[child_id] = RequestState(
+                request, text, self.tokenizer, (parent, index) if parent is not None else None,
+                self.grammars.matcher(guided) if guided is not None else None)
             self.scheduler.add_request(request)
+        if parent is not None:
+            self.parents[request_id] = parent
 
     def _prompt_token_ids(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]
                           ) -> tuple[Optional[str], list[int]]:
@@ -192,12 +197,28 @@ class LLMEngine(EngineCompatMixin):
         return SamplingParams(**{ours: defaults[theirs] for theirs, ours in names.items() if theirs in defaults})
 
     def abort_request(self, request_id: Union[str, Iterable[str]]) -> None:
+        """Abort requests by the ids they were added with (an n > 1 request with all its samples)."""
         given = [request_id] if isinstance(request_id, str) else list(request_id)
-        ids = [rid for user_id in given for rid in self.output_processor.request_ids(user_id)]
-        self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
-        self.output_processor.abort(ids)
-        for rid in ids:
-            self.grammars.remove(rid)
+        ids = []
+        for user_id in given:
+            parent = self.parents.get(user_id)
+            ids.extend([parent.child_id(i) for i in range(parent.num_children)] if parent else [user_id])
+        self._finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+
+    def _finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
+        """The one place where requests finish: the scheduler frees their blocks (unless it finished them
+        itself), their records go, finished ones are counted and traced, aborted ones are not."""
+        self.scheduler.finish_requests(request_ids, status)
+        for request_id in request_ids:
+            state = self.requests.pop(request_id, None)
+            if state is None:
+                continue
+            if state.parent is not None:
+                parent = state.parent[0]
+                if status == RequestStatus.FINISHED_ABORTED or parent.finished:
+                    self.parents.pop(parent.request_id, None)
+            if status != RequestStatus.FINISHED_ABORTED:
+                self.stats.on_finished(state.request, state.metrics)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -208,43 +229,40 @@ class LLMEngine(EngineCompatMixin):
     # --- the step -----------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute, process: the outputs of this iteration."""
+        """Schedule, execute, update: the outputs of this iteration."""
         start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
-        self.stats.on_schedule(scheduler_output, time.perf_counter() - start)
-        outputs = [output for request in scheduler_output.ignored for output in self._finish_ignored(request)]
-        if scheduler_output.blocks_to_swap_out:
-            self.model_executor.collective_rpc("swap_out", args=(scheduler_output.blocks_to_swap_out,))
-        if scheduler_output.blocks_to_swap_in:
-            self.model_executor.collective_rpc("swap_in", args=(scheduler_output.blocks_to_swap_in,))
-        if scheduler_output.is_empty:
+        scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens]
+        # Finished ids the engine still holds records of were finished by the scheduler: they never fit.
+        ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests]
+        self.stats.on_schedule([s.metrics for s in scheduled + ignored], time.perf_counter() - start)
+        outputs = self._finish_ignored(ignored)
+        if not scheduler_output.has_work_for_workers:
             self.do_log_stats()
             return outputs
         scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
-            [r.request_id for r, n in scheduler_output.scheduled if r.num_computed_tokens + n == r.num_tokens])
+            {s.request_id: s.grammar for s in scheduled if s.grammar is not None
+             and s.request.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id]
+             == s.request.num_tokens})
         start = time.perf_counter()
         result = self.model_executor.execute_model(scheduler_output)
         self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
-        self.stats.on_tokens(scheduler_output, result.sampled_token_ids, time.perf_counter() - start,
-                             result.model_forward_time)
-        for request_id, token_id in result.sampled_token_ids.items():
-            self.grammars.accept(request_id, token_id)
-        step_outputs, finished = self.output_processor.process(
-            [request for request, _ in scheduler_output.scheduled], result)
+        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], result.sampled_token_ids,
+                             time.perf_counter() - start, result.model_forward_time)
+        for state in scheduled:
+            token_id = result.sampled_token_ids.get(state.request_id)
+            if state.grammar is not None and token_id is not None:
+                accept_token(state.request_id, state.grammar, token_id)
+        step_outputs, finished = self.output_processor.process(scheduled, result)
         for status in set(finished.values()):
-            self.scheduler.finish_requests([rid for rid, s in finished.items() if s == status], status)
-        for request_id in finished:
-            state = self.output_processor.finish(request_id)
-            self.stats.on_finished(state.request, state.metrics)
-            self.grammars.remove(request_id)
+            self._finish_requests([rid for rid, s in finished.items() if s == status], status)
         self.do_log_stats()
         return outputs + step_outputs
 
-    def _finish_ignored(self, request: Request) -> list[RequestOutput]:
-        metrics = self.output_processor.states[request.request_id].metrics
-        outputs = self.output_processor.finish_ignored(request)
-        self.grammars.remove(request.request_id)
-        self.stats.on_finished(request, metrics)
+    def _finish_ignored(self, states: list[RequestState]) -> list[RequestOutput]:
+        outputs = [output for state in states
+                   for output in self.output_processor.final_output(state, RequestStatus.FINISHED_IGNORED)]
+        self._finish_requests([state.request_id for state in states], RequestStatus.FINISHED_IGNORED)
         return outputs
 
     # --- stats, tracing, profiling ------------------------------------------------------------------------

@@ -15,7 +15,11 @@ def executor_class(config: EngineConfig) -> type[ExecutorBase]:
         from pagedllm.executor.uniproc import UniProcExecutor
 
         return UniProcExecutor
-    raise ValueError(f"distributed_executor_backend {backend!r} is not available in this build; use 'uni'.")
+    if backend == "mp":
+        from pagedllm.executor.multiproc import MultiprocExecutor
+
+        return MultiprocExecutor
+    raise ValueError(f"distributed_executor_backend {backend!r} is not available in this build; use 'uni' or 'mp'.")
 
 
 __all__ = ["ExecutorBase", "executor_class"]

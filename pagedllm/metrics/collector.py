@@ -7,46 +7,41 @@ for each request that finished. Timestamps are written into the request's `Reque
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pagedllm.core.request import Request
-from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.scheduler import Scheduler
 from pagedllm.metrics.stats import Stats
 from pagedllm.outputs import RequestMetrics
 
-MetricsLookup = Callable[[str], RequestMetrics]
+Tracked = tuple[Request, RequestMetrics]  # a request and the metrics its outputs carry
 
 
 class StatsCollector:
-    def __init__(self, scheduler: Scheduler, metrics_of: MetricsLookup, collect: bool,
-                 max_lora: int = 0) -> None:
-        """`metrics_of(request_id)` finds an unfinished request's metrics; `collect` says whether to gather
-        `Stats` at all (request metrics are filled either way)."""
+    def __init__(self, scheduler: Scheduler, collect: bool, max_lora: int = 0) -> None:
+        """`collect` says whether to gather `Stats` at all (request metrics are filled either way)."""
         self.scheduler = scheduler
-        self.metrics_of = metrics_of
         self.collect = collect
         self.max_lora = max_lora
         self.on_finished_hooks: list[Callable[[Request, RequestMetrics], None]] = []
         self._stats = Stats(now=time.time())
         self._preemptions_seen = scheduler.num_preemptions
 
-    def on_schedule(self, output: SchedulerOutput, scheduler_time: float) -> None:
+    def on_schedule(self, scheduled: Iterable[RequestMetrics], scheduler_time: float) -> None:
         """Mark the step's requests as scheduled and charge them the time `schedule()` took."""
         now = time.time()
-        for request in [r for r, _ in output.scheduled] + output.ignored:
-            metrics = self.metrics_of(request.request_id)
+        for metrics in scheduled:
             metrics.scheduler_time = (metrics.scheduler_time or 0.0) + scheduler_time
             if metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = now
                 metrics.time_in_queue = now - metrics.arrival_time
 
-    def on_tokens(self, output: SchedulerOutput, sampled_token_ids: dict[str, int], execute_time: float,
+    def on_tokens(self, scheduled: Iterable[Tracked], sampled_token_ids: dict[str, int], execute_time: float,
                   forward_time_ms: float) -> None:
         """Record the step's new tokens: first-token and per-token latencies, token counts, model time."""
         now = time.time()
         stats = self._stats
-        for request, _ in output.scheduled:
-            metrics = self.metrics_of(request.request_id)
+        for request, metrics in scheduled:
             metrics.model_execute_time = (metrics.model_execute_time or 0.0) + execute_time
             metrics.model_forward_time = (metrics.model_forward_time or 0.0) + forward_time_ms
             if request.request_id not in sampled_token_ids:

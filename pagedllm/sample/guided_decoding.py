@@ -1,15 +1,15 @@
 """Guided decoding on xgrammar: compile a request's constraint once, then mask its tokens step by step.
 
 The engine owns one `GrammarManager`: its compiler caches compiled grammars (the same schema compiles
-once per engine), and it keeps one matcher per guided request. Each step the manager fills a packed token
-bitmask for the guided requests that sample (the sampler turns it into a mask), then advances each matcher
-with the token that was sampled.
+once per engine). Each guided request's record holds its own matcher. Each step the manager fills a packed
+token bitmask for the guided requests that sample (the sampler turns it into a mask), then each matcher is
+advanced with the token that was sampled.
 """
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -24,13 +24,12 @@ class GrammarManager:
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self._compiler: Any = None  # built on the first guided request: it reads the whole vocabulary
-        self.matchers: dict[str, Any] = {}
 
-    def add_request(self, request_id: str, params: GuidedDecodingParams) -> None:
-        """Compile the constraint (a ValueError if it is invalid) and start a matcher for the request."""
+    def matcher(self, params: GuidedDecodingParams) -> Any:
+        """A new matcher of the constraint (compiled once; a ValueError if it is invalid)."""
         import xgrammar as xgr
 
-        self.matchers[request_id] = xgr.GrammarMatcher(self.compile(params))
+        return xgr.GrammarMatcher(self.compile(params))
 
     def compile(self, params: GuidedDecodingParams) -> Any:
         if self.tokenizer is None:
@@ -60,25 +59,24 @@ class GrammarManager:
             self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         return self._compiler
 
-    def bitmasks(self, request_ids: list[str]) -> dict[str, torch.Tensor]:
-        """Packed int32 masks [vocab/32] of the next allowed tokens, for the guided ones among the ids."""
+    def bitmasks(self, matchers: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Packed int32 masks [vocab/32] of the next allowed tokens, by request id, for the given matchers
+        (request id -> matcher) that are not terminated."""
         import xgrammar as xgr
 
-        guided = [rid for rid in request_ids if rid in self.matchers and not self.matchers[rid].is_terminated()]
-        if not guided:
+        live = {rid: m for rid, m in matchers.items() if not m.is_terminated()}
+        if not live:
             return {}
-        masks = xgr.allocate_token_bitmask(len(guided), self.vocab_size)
-        for i, request_id in enumerate(guided):
-            self.matchers[request_id].fill_next_token_bitmask(masks, i)
-        return dict(zip(guided, masks))
+        masks = xgr.allocate_token_bitmask(len(live), self.vocab_size)
+        for i, matcher in enumerate(live.values()):
+            matcher.fill_next_token_bitmask(masks, i)
+        return dict(zip(live, masks))
 
-    def accept(self, request_id: str, token_id: int) -> None:
-        matcher = self.matchers.get(request_id)
-        if matcher is not None and not matcher.is_terminated() and not matcher.accept_token(token_id):
-            logger.warning("Request %s: token %d does not fit its guided decoding grammar.", request_id, token_id)
 
-    def remove(self, request_id: str) -> Optional[Any]:
-        return self.matchers.pop(request_id, None)
+def accept_token(request_id: str, matcher: Any, token_id: int) -> None:
+    """Advance a guided request's matcher by its sampled token."""
+    if not matcher.is_terminated() and not matcher.accept_token(token_id):
+        logger.warning("Request %s: token %d does not fit its guided decoding grammar.", request_id, token_id)
 
 
 def choice_grammar(choices: list[str]) -> str:

@@ -3,12 +3,24 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import torch
 
-from pagedllm.core.request import Request
-from pagedllm.sampling_params import SamplingType
+from pagedllm.sampling_params import SamplingParams, SamplingType
+
+
+class SamplingRequest(Protocol):
+    """What sampling reads of a request (the worker's copy of it)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: Optional[int]
+
+    @property
+    def num_output_tokens(self) -> int: ...
 
 
 class Penalties(NamedTuple):
@@ -51,7 +63,7 @@ class SamplingMetadata:
     grammar: Optional[tuple[torch.Tensor, torch.Tensor]]  # rows [R], packed int32 bitmasks [R, vocab/32]
 
     @classmethod
-    def build(cls, requests: list[Request], generators: dict[str, torch.Generator], vocab_size: int,
+    def build(cls, requests: list[SamplingRequest], generators: dict[str, torch.Generator], vocab_size: int,
               device: torch.device, grammar_bitmasks: Optional[dict[str, torch.Tensor]] = None
               ) -> "SamplingMetadata":
         params = [r.sampling_params for r in requests]
@@ -82,7 +94,7 @@ class SamplingMetadata:
         )
 
 
-def _row_processors(requests: list[Request]) -> list[RowProcessor]:
+def _row_processors(requests: list[SamplingRequest]) -> list[RowProcessor]:
     rows = []
     for i, request in enumerate(requests):
         for processor in request.sampling_params.logits_processors or []:
@@ -96,7 +108,7 @@ def _takes_prompt(processor: Callable[..., Any]) -> bool:
     return len(inspect.signature(processor).parameters) == 3
 
 
-def _penalties(requests: list[Request], vocab_size: int, device: torch.device) -> Optional[Penalties]:
+def _penalties(requests: list[SamplingRequest], vocab_size: int, device: torch.device) -> Optional[Penalties]:
     params = [r.sampling_params for r in requests]
     if all(p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1 for p in params):
         return None
@@ -113,7 +125,7 @@ def _penalties(requests: list[Request], vocab_size: int, device: torch.device) -
                      padded([r.prompt_token_ids for r in requests]), padded([r.output_token_ids for r in requests]))
 
 
-def _logit_bias(requests: list[Request], device: torch.device
+def _logit_bias(requests: list[SamplingRequest], device: torch.device
                 ) -> Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     entries = [(i, token, bias) for i, r in enumerate(requests)
                for token, bias in (r.sampling_params.logit_bias or {}).items()]
@@ -124,7 +136,7 @@ def _logit_bias(requests: list[Request], device: torch.device
             torch.tensor(biases, dtype=torch.float32, device=device))
 
 
-def _allowed(requests: list[Request], vocab_size: int, device: torch.device
+def _allowed(requests: list[SamplingRequest], vocab_size: int, device: torch.device
              ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     rows = [i for i, r in enumerate(requests) if r.sampling_params.allowed_token_ids is not None]
     if not rows:
@@ -135,7 +147,7 @@ def _allowed(requests: list[Request], vocab_size: int, device: torch.device
     return torch.tensor(rows, device=device), mask
 
 
-def _banned(requests: list[Request], device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+def _banned(requests: list[SamplingRequest], device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     entries = [(i, token) for i, r in enumerate(requests) for token in _min_tokens_banned(r) | _bad_word_ends(r)]
     if not entries:
         return None
@@ -143,7 +155,7 @@ def _banned(requests: list[Request], device: torch.device) -> Optional[tuple[tor
     return torch.tensor(rows, device=device), torch.tensor(tokens, device=device)
 
 
-def _min_tokens_banned(request: Request) -> set[int]:
+def _min_tokens_banned(request: SamplingRequest) -> set[int]:
     """Before min_tokens outputs no stop token may be sampled: EOS, stop_token_ids and extra EOS ids."""
     params = request.sampling_params
     if request.num_output_tokens >= params.min_tokens:
@@ -154,7 +166,7 @@ def _min_tokens_banned(request: Request) -> set[int]:
     return ids
 
 
-def _bad_word_ends(request: Request) -> set[int]:
+def _bad_word_ends(request: SamplingRequest) -> set[int]:
     """The last token of every bad word whose other tokens the output ends with (always, for one-token words)."""
     output = request.output_token_ids
     banned = set()
@@ -165,7 +177,7 @@ def _bad_word_ends(request: Request) -> set[int]:
     return banned
 
 
-def _grammar(requests: list[Request], bitmasks: dict[str, torch.Tensor], device: torch.device
+def _grammar(requests: list[SamplingRequest], bitmasks: dict[str, torch.Tensor], device: torch.device
              ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
     rows = [i for i, r in enumerate(requests) if r.request_id in bitmasks]
     if not rows:

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedllm.core.request import Request
 from pagedllm.model.attention import AttentionMetadata, PrefillGroup, PrefillSequence
+from pagedllm.worker.input_state import WorkerRequest
 
 
 @dataclass
@@ -14,14 +14,14 @@ class ModelInput:
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
     attn_metadata: AttentionMetadata
-    requests: list[Request]  # in layout order: prefill runs first, then one-token decodes
+    requests: list[WorkerRequest]  # in layout order: prefill runs first, then one-token decodes
     num_new_tokens: list[int]
     query_starts: list[int]
     sample_rows: list[int]  # index into `requests` of those whose last token is computed this step
     sample_token_indices: torch.Tensor  # [S] flat token index of each sampling row's last token
 
 
-def build_model_input(scheduled: list[tuple[Request, int]], block_size: int, device: torch.device) -> ModelInput:
+def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: int, device: torch.device) -> ModelInput:
     """Prefills first (those without cached context grouped by length, so that equal lengths share one
     attention call), then decodes."""
     fresh = sorted(((r, n) for r, n in scheduled if n > 1 and r.num_computed_tokens == 0), key=lambda x: x[1])
@@ -60,7 +60,7 @@ def build_model_input(scheduled: list[tuple[Request, int]], block_size: int, dev
                                           dtype=torch.long, device=device))
 
 
-def _group_by_length(prefills: list[tuple[Request, int]]) -> list[PrefillGroup]:
+def _group_by_length(prefills: list[tuple[WorkerRequest, int]]) -> list[PrefillGroup]:
     """Runs of equal query length among prefills laid out one after another."""
     groups: list[PrefillGroup] = []
     start = 0
@@ -73,7 +73,7 @@ def _group_by_length(prefills: list[tuple[Request, int]]) -> list[PrefillGroup]:
     return groups
 
 
-def _decode_block_tables(requests: list[Request]) -> torch.Tensor:
+def _decode_block_tables(requests: list[WorkerRequest]) -> torch.Tensor:
     """Each decode's block ids, padded to the longest table with its own first block (so that every block
     read is one of its own and holds finite values)."""
     if not requests:

@@ -2,34 +2,20 @@
 from __future__ import annotations
 
 import time
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import nn
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.request import Request
-from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
 from pagedllm.worker.batch import ModelInput, build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs
-
-
-class TokenLogprobs(NamedTuple):
-    """Per position: candidate ids and their logprobs (the chosen or actual token first), and its rank."""
-
-    token_ids: list[list[int]]
-    logprobs: list[list[float]]
-    ranks: list[int]
-
-
-class ModelRunnerOutput(NamedTuple):
-    sampled_token_ids: dict[str, int]
-    logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
-    prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
-    model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
+from pagedllm.worker.input_state import InputState, WorkerRequest
 
 
 # On CPU a step's tokens run in forward passes of at most this many (whole requests; one longer request
@@ -50,6 +36,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.decode_graphs: Optional[DecodeGraphs] = None
+        self.input_state = InputState()
 
     def initialize_cache(self, num_blocks: int) -> None:
         hf = self.config.model_config.hf_config
@@ -66,11 +53,12 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_req_ids:
             self.generators.pop(request_id, None)
-        if scheduler_output.is_empty:
-            return ModelRunnerOutput({}, {}, {})
+        scheduled = self.input_state.update(scheduler_output)
         merged = ModelRunnerOutput({}, {}, {})
+        if not scheduled:
+            return merged
         forward_ms = 0.0
-        for part in _split(scheduler_output.scheduled, self.tokens_per_forward):
+        for part in _split(scheduled, self.tokens_per_forward):
             output = self._run(part, scheduler_output.grammar_bitmasks)
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
@@ -78,7 +66,7 @@ class ModelRunner:
             forward_ms += output.model_forward_time
         return merged._replace(model_forward_time=forward_ms)
 
-    def _run(self, scheduled: list[tuple[Request, int]], grammar_bitmasks: dict) -> ModelRunnerOutput:
+    def _run(self, scheduled: list[tuple[WorkerRequest, int]], grammar_bitmasks: dict) -> ModelRunnerOutput:
         """One forward pass over these requests' tokens, then sampling."""
         batch = build_model_input(scheduled, self.block_size, self.device)
         start = time.perf_counter()
@@ -108,7 +96,7 @@ class ModelRunner:
                         [int(out.sampled_ranks[row])])
         return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs, forward_ms)
 
-    def _generators_for(self, requests: list[Request]) -> dict[str, torch.Generator]:
+    def _generators_for(self, requests: list[WorkerRequest]) -> dict[str, torch.Generator]:
         for request in requests:
             seed = request.sampling_params.seed
             if seed is not None and request.request_id not in self.generators:
@@ -138,11 +126,12 @@ class ModelRunner:
         return result
 
 
-def _split(scheduled: list[tuple[Request, int]], max_tokens: Optional[int]) -> list[list[tuple[Request, int]]]:
+def _split(scheduled: list[tuple[WorkerRequest, int]], max_tokens: Optional[int]
+           ) -> list[list[tuple[WorkerRequest, int]]]:
     """Consecutive runs of requests of at most max_tokens tokens each (a longer request alone)."""
     if max_tokens is None:
         return [scheduled]
-    parts: list[list[tuple[Request, int]]] = [[]]
+    parts: list[list[tuple[WorkerRequest, int]]] = [[]]
     count = 0
     for request, n in scheduled:
         if parts[-1] and count + n > max_tokens:

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import logging
+from typing import Optional
 
 import torch
 
 from pagedllm.config import EngineConfig
-from pagedllm.core.scheduler import SchedulerOutput
+from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.model.loader import load_model
-from pagedllm.worker.model_runner import ModelRunner, ModelRunnerOutput
+from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.profiler import WorkerProfiler
 from pagedllm.worker.swap import SwapSpace
 
@@ -16,9 +18,10 @@ logger = logging.getLogger(__name__)
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+    def __init__(self, config: EngineConfig, rank: int = 0, distributed_init_method: Optional[str] = None) -> None:
         self.config = config
         self.rank = rank
+        self.distributed_init_method = distributed_init_method
         self.device = torch.device(config.device_config.device)
         self.model_runner: ModelRunner | None = None
         self.swap_space: SwapSpace | None = None
@@ -63,15 +66,12 @@ class Worker:
         if self.num_swap_blocks():
             self.swap_space = SwapSpace(self.model_runner.kv_caches, self.num_swap_blocks())
 
-    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy (device block, host block) pairs to the swap space."""
-        self.swap_space.swap_out(pairs)
-
-    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy (host block, device block) pairs back from the swap space."""
-        self.swap_space.swap_in(pairs)
-
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step: the block copies of preempted and resumed requests, then the forward pass."""
+        if scheduler_output.blocks_to_swap_out:
+            self.swap_space.swap_out(scheduler_output.blocks_to_swap_out)
+        if scheduler_output.blocks_to_swap_in:
+            self.swap_space.swap_in(scheduler_output.blocks_to_swap_in)
         return self.model_runner.execute_model(scheduler_output)
 
     def start_profile(self) -> None:
@@ -83,3 +83,6 @@ class Worker:
     def check_health(self) -> None:
         if self.model_runner is None:
             raise RuntimeError("The worker has no model loaded.")
+
+    def shutdown(self) -> None:
+        """Release what outlives the worker object: nothing yet in a single process."""

@@ -7,7 +7,8 @@ from typing import Optional
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.request import Request, RequestStatus
-from pagedllm.core.scheduler import Scheduler, SchedulerOutput
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.sampling_params import SamplingParams
 
 _clock = itertools.count()
@@ -34,15 +35,16 @@ def add(scheduler: Scheduler, name: str, prompt_len: int, max_tokens: int = 4, p
 def step(scheduler: Scheduler) -> SchedulerOutput:
     """One step: every request whose tokens are all computed samples token 1; done at max_tokens."""
     out = scheduler.schedule()
-    sampled = {r.request_id: 1 for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens}
+    scheduled = [(scheduler.requests[rid], n) for rid, n in out.num_scheduled_tokens.items()]
+    sampled = {r.request_id: 1 for r, n in scheduled if r.num_computed_tokens + n == r.num_tokens}
     scheduler.update_from_output(out, sampled)
-    done = [r.request_id for r, _ in out.scheduled if r.num_output_tokens >= r.sampling_params.max_tokens]
+    done = [r.request_id for r, _ in scheduled if r.num_output_tokens >= r.sampling_params.max_tokens]
     scheduler.finish_requests(done, RequestStatus.FINISHED_LENGTH_CAPPED)
     return out
 
 
 def plan(out: SchedulerOutput) -> list[tuple[str, int]]:
-    return [(r.request_id, n) for r, n in out.scheduled]
+    return list(out.num_scheduled_tokens.items())
 
 
 def test_chunked_prefill_runs_decodes_first_then_chunks_within_the_budget():
@@ -70,7 +72,7 @@ def test_recompute_preempts_the_newest_and_requeues_it_first():
     assert plan(step(scheduler)) == [("a", 8), ("b", 8)]
     add(scheduler, "c", 2)
     out = step(scheduler)  # a needs its third block
-    assert plan(out) == [("a", 1)] and out.preempted == [b]
+    assert plan(out) == [("a", 1)] and out.preempted_req_ids == ["b"]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0 and b.block_ids == []
     assert [r.request_id for r in scheduler.waiting] == ["b", "c"]
     assert scheduler.num_preemptions == 1
@@ -85,7 +87,7 @@ def test_swap_moves_blocks_out_and_back_in_separate_steps():
     step(scheduler)
     b_blocks = list(b.block_ids)
     out = step(scheduler)
-    assert out.preempted == [b] and b.status == RequestStatus.SWAPPED
+    assert out.preempted_req_ids == ["b"] and b.status == RequestStatus.SWAPPED
     assert [device for device, _ in out.blocks_to_swap_out] == b_blocks and not out.blocks_to_swap_in
     assert b.num_computed_tokens == 8 and list(scheduler.swapped) == [b]
     add(scheduler, "c", 2)
@@ -103,16 +105,16 @@ def test_swap_space_too_small_falls_back_to_recompute():
     b = add(scheduler, "b", 8)
     step(scheduler)
     out = step(scheduler)
-    assert out.preempted == [b] and b.status == RequestStatus.PREEMPTED and not out.blocks_to_swap_out
+    assert out.preempted_req_ids == ["b"] and b.status == RequestStatus.PREEMPTED and not out.blocks_to_swap_out
 
 
 def test_a_request_that_can_never_fit_is_ignored_wherever_it_waits():
     scheduler = make_scheduler(num_blocks=4, budget=64, mode="swap", num_swap_blocks=8)
     big = add(scheduler, "big", 17)
-    assert step(scheduler).ignored == [big] and big.status == RequestStatus.FINISHED_IGNORED
+    assert step(scheduler).finished_req_ids == {"big"} and big.status == RequestStatus.FINISHED_IGNORED
     grower = add(scheduler, "grower", 15, max_tokens=10)
     outs = [step(scheduler) for _ in range(4)]
-    assert grower.status == RequestStatus.FINISHED_IGNORED and any(grower in o.ignored for o in outs)
+    assert grower.status == RequestStatus.FINISHED_IGNORED and any("grower" in o.finished_req_ids for o in outs)
     assert scheduler.kv_cache.num_free_blocks == 4 and scheduler.kv_cache.num_free_swap_blocks == 8
     assert not scheduler.has_unfinished_requests()
 
@@ -130,13 +132,13 @@ def test_priority_preempts_a_worse_running_request_for_a_better_one():
     step(scheduler)
     high = add(scheduler, "high", 8, priority=0)
     out = step(scheduler)
-    assert out.preempted == [low] and plan(out) == [("high", 8)]
+    assert out.preempted_req_ids == ["low"] and plan(out) == [("high", 8)]
     assert list(scheduler.waiting) == [low]
     equal = make_scheduler(num_blocks=4, policy="priority")
     add(equal, "first", 12, max_tokens=8, priority=1)
     step(equal)
     add(equal, "second", 8, priority=1)
-    assert not step(equal).preempted
+    assert not step(equal).preempted_req_ids
 
 
 def test_prefix_hits_count_as_computed_and_are_reported_once():

@@ -27,9 +27,10 @@ def add(scheduler: Scheduler, name: str, prompt_len: int) -> None:
 
 def run_step(scheduler: Scheduler) -> dict[str, int]:
     out = scheduler.schedule()
-    scheduler.update_from_output(out, {r.request_id: 7 for r, n in out.scheduled
-                                       if r.num_computed_tokens + n == r.num_tokens})
-    return {r.request_id: n for r, n in out.scheduled}
+    scheduler.update_from_output(out, {rid: 7 for rid, n in out.num_scheduled_tokens.items()
+                                       if scheduler.requests[rid].num_computed_tokens + n
+                                       == scheduler.requests[rid].num_tokens})
+    return out.num_scheduled_tokens
 
 
 def test_max_num_seqs_caps_the_running_batch():
@@ -69,7 +70,7 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.sampling_params import SamplingParams
 scheduler = Scheduler(SchedulerConfig(8, 64, 64, False, None, "fcfs", 1), KVCacheManager(4, 16))
 scheduler.add_request(Request("a", [1, 2, 3], SamplingParams(), 0.0))
-assert [n for _, n in scheduler.schedule().scheduled] == [3]
+assert list(scheduler.schedule().num_scheduled_tokens.values()) == [3]
 assert "torch" not in sys.modules
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -86,8 +86,9 @@ def record_steps(llm: LLM) -> list[Step]:
 
     def schedule() -> Any:
         out = plan()
-        steps.append(Step([r.request_id for r, _ in out.scheduled], out.num_batched_tokens,
-                          any(n > 1 and r.num_computed_tokens + n < r.num_prompt_tokens for r, n in out.scheduled),
+        scheduled = [(scheduler.requests[rid], n) for rid, n in out.num_scheduled_tokens.items()]
+        steps.append(Step(list(out.num_scheduled_tokens), out.num_batched_tokens,
+                          any(n > 1 and r.num_computed_tokens + n < r.num_prompt_tokens for r, n in scheduled),
                           bool(out.blocks_to_swap_out), bool(out.blocks_to_swap_in)))
         return out
 

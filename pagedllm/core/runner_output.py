@@ -1,0 +1,20 @@
+"""What comes back from the workers each step: plain data, no tensors."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class TokenLogprobs(NamedTuple):
+    """Per position: candidate ids and their logprobs (the chosen or actual token first), and its rank."""
+
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
+class ModelRunnerOutput(NamedTuple):
+    sampled_token_ids: dict[str, int]
+    logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
+    prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
+    model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
+

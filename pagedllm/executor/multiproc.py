@@ -1,0 +1,67 @@
+"""The `mp` executor: each worker in a process of its own, on this machine.
+
+Every call goes to all workers at once (one pickling, one pipe write each), then the replies are gathered
+in rank order; a worker that dies is noticed as soon as its process ends, and a hung call after `timeout`.
+After a worker fails, the executor stops them all: the engine's state no longer matches theirs.
+"""
+from __future__ import annotations
+
+import socket
+import weakref
+from typing import Any, Callable, Optional, Union
+
+from pagedllm.executor.base import ExecutorBase
+from pagedllm.executor.worker_process import WorkerDiedError, WorkerProcess, encode_call
+
+
+class MultiprocExecutor(ExecutorBase):
+    def _init_executor(self) -> None:
+        world_size = self.config.parallel_config.world_size
+        address = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
+        self.workers = [WorkerProcess(self.config, rank, address) for rank in range(world_size)]
+        self._failure: Optional[BaseException] = None
+        self._finalizer = weakref.finalize(self, _stop_all, self.workers)
+        self.collective_rpc("load_model")
+
+    def collective_rpc(self, method: Union[str, Callable], timeout: Optional[float] = None,
+                       args: tuple = (), kwargs: Optional[dict] = None) -> list[Any]:
+        self._check_usable()
+        name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        try:
+            message = encode_call(method, args, kwargs or {})
+            for worker in self.workers:
+                worker.send(message)
+            return [worker.receive(name, timeout) for worker in self.workers]
+        except (WorkerDiedError, TimeoutError) as error:
+            self._failure = error
+            self.shutdown()
+            raise
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise WorkerDiedError(f"The executor's workers have failed: {self._failure}")
+        if not self._finalizer.alive:
+            raise RuntimeError("The executor has been shut down.")
+
+    def check_health(self) -> None:
+        self._check_usable()
+        for worker in self.workers:
+            if not worker.is_alive():
+                self._failure = worker.death_error()
+                self.shutdown()
+                raise self._failure
+        super().check_health()
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _stop_all(workers: list[WorkerProcess]) -> None:
+    for worker in workers:
+        worker.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
