@@ -9,7 +9,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from pagedllm.config_compat import SUPPORTED_VALUES, CompatArgs, check_unsupported
+from pagedllm.config_compat import CompatArgs, check_unsupported
 
 logger = logging.getLogger(__name__)
 
