@@ -9,6 +9,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from pagedllm.config_compat import CompatArgs, check_unsupported
+
 logger = logging.getLogger(__name__)
 
 _GiB = 1 << 30
@@ -124,8 +126,10 @@ _HELP = {
 
 
 @dataclass
-class EngineArgs:
-    """The engine's arguments, with vLLM's names and defaults; `LLM(**kwargs)` and the CLI accept the same."""
+class EngineArgs(CompatArgs):
+    """The engine's arguments, with vLLM's names and defaults; `LLM(**kwargs)` and the CLI accept the same.
+
+    The fields here are the ones pagedllm implements; the rest of vLLM's come from `CompatArgs`."""
 
     model: Optional[str] = None
     tokenizer: Optional[str] = None
@@ -134,7 +138,7 @@ class EngineArgs:
     trust_remote_code: bool = False
     revision: Optional[str] = None
     dtype: str = "auto"
-    seed: int = 0
+    seed: Optional[int] = None  # None seeds the engine with 0, as vLLM V1 does
     max_model_len: Optional[int] = None
     served_model_name: Optional[str] = None
     generation_config: str = "auto"
@@ -143,7 +147,7 @@ class EngineArgs:
     enable_prompt_embeds: bool = False
     max_logprobs: int = 20
     device: str = "auto"
-    block_size: int = 16
+    block_size: Optional[int] = None  # None: 16
     kv_cache_memory: Optional[int] = None
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: Optional[int] = None
@@ -152,7 +156,7 @@ class EngineArgs:
     # few-shot examples, repeated requests) skip their prefill.
     enable_prefix_caching: Optional[bool] = None
     max_num_batched_tokens: Optional[int] = None
-    max_num_seqs: int = 256
+    max_num_seqs: Optional[int] = None  # None: 256
     enable_chunked_prefill: Optional[bool] = None
     preemption_mode: Optional[str] = None
     scheduling_policy: str = "fcfs"
@@ -177,16 +181,14 @@ class EngineArgs:
         """Add one `--field-name` flag per field, typed from the field's annotation."""
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if f.name == "speculative_config":
-                parser.add_argument("--speculative-config", type=_json_dict, default=None)
-                continue
             flag = "--" + f.name.replace("_", "-")
             kind = _cli_type(hints[f.name])
             if kind is bool:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
                                     help=_HELP.get(f.name))
             else:
-                parser.add_argument(flag, type=kind, default=f.default, help=_HELP.get(f.name))
+                default = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                parser.add_argument(flag, type=kind, default=default, help=_HELP.get(f.name))
         return parser
 
     @classmethod
@@ -199,7 +201,9 @@ class EngineArgs:
 
         from pagedllm.model.source import resolve_model_source
 
+        check_unsupported(self)
         source = resolve_model_source(self.model)
+        _check_load_format(self.load_format, source.format)
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -214,12 +218,14 @@ class EngineArgs:
         model_config = ModelConfig(
             model=self.model or source.name, path=source.path, format=source.format,
             hf_config=source.hf_config, dtype=dtype, max_model_len=max_model_len,
-            served_model_name=self.served_model_name or (self.model or source.name), seed=self.seed,
+            served_model_name=self.served_model_name or (self.model or source.name),
+            seed=self.seed if self.seed is not None else 0,
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
             quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
             task="generate" if self.task == "auto" else self.task, enforce_eager=self.enforce_eager)
-        if self.block_size not in ALLOWED_BLOCK_SIZES:
+        block_size = self.block_size if self.block_size is not None else 16
+        if block_size not in ALLOWED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}.")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
@@ -231,7 +237,7 @@ class EngineArgs:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
                              "blocks).")
         cache_config = CacheConfig(
-            block_size=self.block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
+            block_size=block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
             gpu_memory_utilization=self.gpu_memory_utilization, swap_space=self.swap_space,
             enable_prefix_caching=self.enable_prefix_caching is not False)
@@ -247,6 +253,7 @@ class EngineArgs:
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         chunked = bool(self.enable_chunked_prefill)
+        max_num_seqs = self.max_num_seqs if self.max_num_seqs is not None else 256
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = 2048 if chunked else max(max_model_len, 2048)
@@ -255,19 +262,17 @@ class EngineArgs:
                 f"max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}): such a "
                 "prompt could never be scheduled. Raise max_num_batched_tokens, lower max_model_len, "
                 "or enable chunked prefill.")
-        if budget < 1 or self.max_num_seqs < 1:
+        if budget < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1.")
-        if budget < self.max_num_seqs:
+        if budget < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({budget}) must be at least max_num_seqs "
-                             f"({self.max_num_seqs}).")
+                             f"({max_num_seqs}).")
         if self.preemption_mode not in (None, "recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}.")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
-        if self.num_scheduler_steps < 1:
-            raise ValueError(f"num_scheduler_steps must be at least 1, got {self.num_scheduler_steps}.")
         return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, preemption_mode=self.preemption_mode, policy=self.scheduling_policy,
             num_scheduler_steps=self.num_scheduler_steps)
 
@@ -293,13 +298,26 @@ class EngineArgs:
 def _cli_type(annotation: Any) -> Any:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     base = args[0] if typing.get_origin(annotation) is Union and len(args) == 1 else annotation
-    return base if base in (bool, int, float) else str
+    if base in (bool, int, float, str):
+        return base
+    return _json_or_text
 
 
-def _json_dict(text: str) -> dict:
+def _json_or_text(text: str) -> Any:
+    """A flag for a dict, list or mixed-type field takes JSON (`--hf-overrides '{"a": 1}'`) or plain text."""
     import json
 
-    return json.loads(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _check_load_format(load_format: str, model_format: str) -> None:
+    expected = "gguf" if model_format == "gguf" else "safetensors"
+    if load_format not in ("auto", expected):
+        raise ValueError(f"load_format={load_format!r} is not supported by pagedllm for this model: use 'auto' "
+                         f"or {expected!r}.")
 
 
 def _resolve_dtype(dtype: str, device: str) -> Any:

@@ -33,10 +33,13 @@ class ParsedPrompt(NamedTuple):
 
 
 def parse_prompt(prompt: PromptType) -> ParsedPrompt:
-    """Normalise the accepted prompt forms; anything else is a TypeError naming what was given."""
+    """Normalise the accepted prompt forms; anything else is a TypeError naming what was given (multimodal data,
+    which no model here reads, a ValueError)."""
     if isinstance(prompt, str):
         return ParsedPrompt(prompt, None)
     if isinstance(prompt, dict):
+        if prompt.get("multi_modal_data") is not None:
+            raise ValueError("multi_modal_data is not supported by pagedllm: its models take text only.")
         if "prompt_token_ids" in prompt:
             ids = prompt["prompt_token_ids"]
             if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):

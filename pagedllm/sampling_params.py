@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import logging
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class GuidedDecodingParams:
 
 
 _GUIDE_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+# Fields that `SamplingParams.from_optional` sets to their default when given None.
+_NONE_MEANS_DEFAULT = ("n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p")
 
 
 class SamplingType(enum.IntEnum):
@@ -115,6 +118,12 @@ class SamplingParams:
     bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        if self.seed == -1:  # vLLM's spelling of "no seed"
+            self.seed = None
+        if isinstance(self.logprobs, bool):  # True asks for the sampled token's logprob alone, as in vLLM
+            self.logprobs = int(self.logprobs)
+        if isinstance(self.prompt_logprobs, bool):
+            self.prompt_logprobs = int(self.prompt_logprobs)
         if self.stop is None:
             self.stop = []
         elif isinstance(self.stop, str):
@@ -187,6 +196,31 @@ class SamplingParams:
         if self.best_of is not None and self.best_of > 1 and self.temperature < _SAMPLING_EPS:
             raise ValueError("best_of must be 1 when using greedy sampling (temperature=0), "
                              f"got best_of={self.best_of}.")
+        if self.n > 1 and self.temperature < _SAMPLING_EPS:
+            raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
+        if self.best_of is not None and self.best_of != self.n and self.output_kind == RequestOutputKind.DELTA:
+            raise ValueError("best_of must equal n to use output_kind=DELTA")
+
+    @classmethod
+    def from_optional(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
+        """vLLM's constructor for API layers, where an unset field arrives as None: None for n, the penalties,
+        temperature or top_p means the default. Positional arguments follow the fields' order, as in vLLM."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        kwargs.update(zip(names, args))
+        return cls(**{name: value for name, value in kwargs.items()
+                      if not (value is None and name in _NONE_MEANS_DEFAULT)})
+
+    def update_from_generation_config(self, generation_config: dict[str, Any],
+                                      model_eos_token_id: Optional[int] = None) -> None:
+        """Make the generation config's EOS ids other than the model's own EOS stop tokens (unless ignore_eos),
+        as the engine does for every request."""
+        eos = generation_config.get("eos_token_id")
+        if eos is None or self.ignore_eos:
+            return
+        ids = ({eos} if isinstance(eos, int) else set(eos)) - {model_eos_token_id}
+        if ids:
+            self.stop_token_ids = sorted(ids | set(self.stop_token_ids))
+            self.all_stop_token_ids.update(ids)
 
     def _verify_types(self) -> None:
         """Integers must be integers (a float n or a string seed is a ValueError, as in vLLM)."""

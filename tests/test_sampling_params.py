@@ -87,3 +87,41 @@ def test_guided_decoding_from_dict_and_backend_options():
 def test_beam_search_params_validation(kwargs):
     with pytest.raises(ValueError):
         BeamSearchParams(**kwargs)
+
+
+def test_vllm_spellings_seed_minus_one_and_logprobs_true():
+    params = SamplingParams(seed=-1, logprobs=True, prompt_logprobs=True)
+    assert params.seed is None and params.logprobs == 1 and params.prompt_logprobs == 1
+    assert SamplingParams(logprobs=False).logprobs == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": 2, "temperature": 0.0}, "n must be 1 when using greedy sampling, got 2."),
+    ({"n": 2, "best_of": 3, "output_kind": RequestOutputKind.DELTA}, "best_of must equal n to use output_kind=DELTA"),
+])
+def test_vllms_errors_for_greedy_n_and_delta_best_of(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+    assert SamplingParams(n=2, best_of=2, output_kind=RequestOutputKind.DELTA).best_of == 2
+
+
+def test_from_optional_takes_none_as_the_default():
+    params = SamplingParams.from_optional(n=None, temperature=None, top_p=None, presence_penalty=None,
+                                          frequency_penalty=None, repetition_penalty=None, max_tokens=5, seed=None)
+    assert (params.n, params.temperature, params.top_p, params.max_tokens, params.seed) == (1, 1.0, 1.0, 5, None)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.0, 0.0, 1.0)
+    positional = SamplingParams.from_optional(3, None, None, None, None, 0.5)
+    assert (positional.n, positional.temperature, positional.presence_penalty) == (3, 0.5, 0.0)
+    assert SamplingParams.from_optional(logit_bias={"7": 500}).logit_bias == {7: 100.0}
+
+
+def test_update_from_generation_config_adds_the_extra_eos_ids_as_stop_tokens():
+    params = SamplingParams(stop_token_ids=[9])
+    params.update_from_generation_config({"eos_token_id": [2, 5]}, model_eos_token_id=2)
+    assert params.stop_token_ids == [5, 9] and params.all_stop_token_ids == {5, 9}
+    ignoring = SamplingParams(ignore_eos=True)
+    ignoring.update_from_generation_config({"eos_token_id": 5}, model_eos_token_id=2)
+    assert ignoring.stop_token_ids == [] and not ignoring.all_stop_token_ids
+    untouched = SamplingParams()
+    untouched.update_from_generation_config({"temperature": 0.3}, model_eos_token_id=2)
+    assert untouched.stop_token_ids == [] and not untouched.all_stop_token_ids

@@ -82,6 +82,14 @@ def test_max_tokens_caps_the_output(llm, counting):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("include", [False, True])
+def test_eos_text_is_cut_even_when_special_tokens_are_shown(llm, chat, include):
+    out = complete(llm, CHAT, greedy(max_tokens=32, skip_special_tokens=False, include_stop_str_in_output=include))
+    assert out.token_ids == chat.token_ids and out.finish_reason == "stop" and out.stop_reason is None
+    assert out.text == (chat.text + "<|im_end|>" if include else chat.text)
+
+
+@pytest.mark.slow
 def test_ignore_eos_keeps_going_past_eos(llm, chat, tokenizer):
     out = complete(llm, CHAT, greedy(max_tokens=len(chat.token_ids) + 5, ignore_eos=True))
     assert out.finish_reason == "length" and len(out.token_ids) == len(chat.token_ids) + 5

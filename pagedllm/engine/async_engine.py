@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncGenerator, Iterable, Mapping, Optional, Union
 
 from pagedllm.config import AsyncEngineArgs, ModelConfig
+from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import RequestOutput
@@ -40,9 +41,12 @@ class AsyncLLMEngine:
         self._dead_error: Optional[AsyncEngineDeadError] = None
 
     @classmethod
-    def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True) -> "AsyncLLMEngine":
+    def from_engine_args(cls, engine_args: AsyncEngineArgs, start_engine_loop: bool = True,
+                         usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+                         stat_loggers: Optional[dict[str, Any]] = None) -> "AsyncLLMEngine":
         log_requests = not getattr(engine_args, "disable_log_requests", False)
-        return cls(LLMEngine.from_engine_args(engine_args), log_requests, start_engine_loop)
+        return cls(LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers), log_requests,
+                   start_engine_loop)
 
     # --- state --------------------------------------------------------------------------------------------
 

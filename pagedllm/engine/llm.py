@@ -1,17 +1,22 @@
 """LLM: offline batched inference over an LLMEngine, with a progress bar."""
 from __future__ import annotations
 
+import functools
 import itertools
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 from pagedllm.config import EngineArgs
 from pagedllm.engine.beam_search import BeamSearchOutput, beam_search
+from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.llm_requests import (GuidedDecodingRequest, final_only_params, guided_options, legacy_prompts,
+                                          per_prompt)
 from pagedllm.inputs import PromptType, parse_prompt
 from pagedllm.outputs import Logprob, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
+_R = TypeVar("_R")
 
 
 class LLM:
@@ -19,41 +24,60 @@ class LLM:
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
         kwargs.setdefault("disable_log_stats", True)
-        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs), UsageContext.LLM_CLASS)
         self._request_counter = itertools.count()
 
-    def get_tokenizer(self) -> Any:
-        return self.llm_engine.get_tokenizer()
+    def get_tokenizer(self, lora_request: Any = None) -> Any:
+        return self.llm_engine.get_tokenizer(lora_request)
+
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Encode and decode the following requests with `tokenizer`."""
+        self.llm_engine.get_tokenizer_group().tokenizer = tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
         return self.llm_engine.get_default_sampling_params()
 
-    def generate(self, prompts: Union[PromptType, Sequence[PromptType]],
+    def apply_model(self, func: Callable[[Any], _R]) -> list[_R]:
+        """Run `func` on the model (a torch.nn.Module) in each worker; one result per worker."""
+        return self.llm_engine.collective_rpc(functools.partial(_call_on_model, func))
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType], None] = None,
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True, lora_request: Any = None,
+                 prompt_token_ids: Union[list[int], list[list[int]], None] = None,
+                 use_tqdm: Union[bool, Callable[..., Any]] = True, lora_request: Any = None,
+                 prompt_adapter_request: Any = None,
+                 guided_options_request: Union[GuidedDecodingRequest, dict, None] = None,
                  priority: Optional[list[int]] = None) -> list[RequestOutput]:
-        """Generate for every prompt; outputs come back in the prompts' order."""
+        """Generate for every prompt; outputs come back in the prompts' order, each request's final one only.
+
+        `lora_request` and `sampling_params` may be one for all prompts or a list with one per prompt.
+        """
+        if prompt_adapter_request is not None:
+            raise ValueError("prompt_adapter_request is not supported by pagedllm: prompt adapters are not "
+                             "implemented.")
+        if prompt_token_ids is not None:
+            prompts = legacy_prompts(prompts, prompt_token_ids)
+        elif prompts is None:
+            raise ValueError("Either prompts or prompt_token_ids must be provided.")
+        guided = guided_options(guided_options_request)
         prompt_list = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        params_list = ([sampling_params] * len(prompt_list) if isinstance(sampling_params, SamplingParams)
-                       else list(sampling_params))
-        if len(params_list) != len(prompt_list):
-            raise ValueError(f"The lengths of prompts ({len(prompt_list)}) and sampling_params "
-                             f"({len(params_list)}) must be the same.")
+        params_list = final_only_params(per_prompt(sampling_params, len(prompt_list), "sampling_params"), guided)
+        lora_list = per_prompt(lora_request, len(prompt_list), "lora_request")
         if priority is not None and len(priority) != len(prompt_list):
             raise ValueError("The lengths of prompts and priority must be the same.")
         ids = []
         try:
             for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
                 request_id = str(next(self._request_counter))
-                self.llm_engine.add_request(request_id, prompt, params, lora_request=lora_request,
+                self.llm_engine.add_request(request_id, prompt, params, lora_request=lora_list[i],
                                             priority=priority[i] if priority else 0)
                 ids.append(request_id)
         except Exception:
             self.llm_engine.abort_request(ids)
             raise
-        return self._run_engine(ids, use_tqdm)
+        return self.llm_engine.validate_outputs(self._run_engine(ids, use_tqdm), RequestOutput)
 
     def chat(self, messages: Union[ChatMessages, list[ChatMessages]],
              sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
@@ -95,9 +119,9 @@ class LLM:
         decode = tokenizer.decode if tokenizer is not None else None
         return beam_search(token_lists, params, expand, eos_ids, decode)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, request_ids: list[str], use_tqdm: Union[bool, Callable[..., Any]]) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
-        bar = _progress_bar(len(request_ids)) if use_tqdm else None
+        bar = _progress_bar(len(request_ids), use_tqdm) if use_tqdm else None
         prompt_tokens = output_tokens = 0
         while self.llm_engine.has_unfinished_requests():
             for output in self.llm_engine.step():
@@ -130,8 +154,14 @@ class LLM:
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
 
 
-def _progress_bar(total: int) -> Any:
+def _call_on_model(func: Callable[[Any], _R], worker: Any) -> _R:
+    return func(worker.model_runner.model)
+
+
+def _progress_bar(total: int, use_tqdm: Union[bool, Callable[..., Any]]) -> Any:
+    """vLLM's progress bar; `use_tqdm` may be a tqdm-like callable (e.g. `functools.partial(tqdm, leave=False)`)."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True,
-                postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")
+    bar = use_tqdm if callable(use_tqdm) else tqdm
+    return bar(total=total, desc="Processed prompts", dynamic_ncols=True,
+               postfix="est. speed input: 0.00 toks/s, output: 0.00 toks/s")

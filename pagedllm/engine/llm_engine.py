@@ -9,10 +9,11 @@ from pagedllm.config import EngineArgs, EngineConfig
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.request_state import RequestState
-from pagedllm.executor import ExecutorBase, executor_class
+from pagedllm.executor import ExecutorBase
 from pagedllm.inputs import PromptType, parse_prompt
 from pagedllm.metrics.collector import StatsCollector
 from pagedllm.metrics.loggers import StatLoggerBase
@@ -26,7 +27,7 @@ from pagedllm.tokenizer import get_generation_config, get_tokenizer
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(EngineCompatMixin):
     def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True) -> None:
         self.config = config
         self.model_config = config.model_config
@@ -68,9 +69,10 @@ class LLMEngine:
             self.stats.on_finished_hooks.append(self.tracer.trace)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
-        config = engine_args.create_engine_config()
-        return cls(config, executor_class(config), log_stats=not engine_args.disable_log_stats)
+    def from_engine_args(cls, engine_args: EngineArgs, usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+                         stat_loggers: Optional[dict[str, StatLoggerBase]] = None) -> "LLMEngine":
+        return cls.from_vllm_config(engine_args.create_engine_config(), usage_context, stat_loggers,
+                                    engine_args.disable_log_stats)
 
     def __reduce__(self) -> Any:
         raise RuntimeError("LLMEngine should not be pickled!")
@@ -263,13 +265,6 @@ class LLMEngine:
         self._finish_requests([state.request_id for state in states], RequestStatus.FINISHED_IGNORED)
         return outputs
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix block; False while requests still hold blocks."""
-        if self.scheduler.kv_cache.reset_prefix_cache():
-            return True
-        logger.warning("Failed to reset the prefix cache: some blocks are still in use by requests.")
-        return False
-
     # --- stats, tracing, profiling ------------------------------------------------------------------------
 
     def do_log_stats(self, scheduler_outputs: Any = None, model_output: Any = None, finished_before: Any = None,
@@ -308,11 +303,6 @@ class LLMEngine:
         self.model_executor.stop_profile()
 
     # --- accessors ----------------------------------------------------------------------------------------
-
-    def get_tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise ValueError("The tokenizer was not initialized (skip_tokenizer_init=True).")
-        return self.tokenizer
 
     def get_model_config(self) -> Any:
         return self.config.model_config

@@ -21,6 +21,12 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self._token_text: dict[int, str] = {}
 
+    def set_tokenizer(self, tokenizer: Any) -> None:
+        """Decode logprob tokens with `tokenizer` from now on (each request's text uses the tokenizer it began
+        with)."""
+        self.tokenizer = tokenizer
+        self._token_text.clear()
+
     def process(self, states: list[RequestState], result: ModelRunnerOutput
                 ) -> tuple[list[RequestOutput], dict[str, RequestStatus]]:
         """Outputs of this step, and the requests that finished with their status."""

@@ -16,10 +16,10 @@ def check_stop(request: Request, text: str, new_text_len: int, max_model_len: in
     params = request.sampling_params
     last = request.output_token_ids[-1]
     if request.num_output_tokens >= params.min_tokens:
-        if not params.ignore_eos and last == request.eos_token_id:
-            return RequestStatus.FINISHED_STOPPED, text
-        if last in params.all_stop_token_ids:
-            request.stop_reason = last
+        # The text of EOS or a stop token (seen with skip_special_tokens=False) is cut, as in vLLM.
+        eos = not params.ignore_eos and last == request.eos_token_id
+        if eos or last in params.all_stop_token_ids:
+            request.stop_reason = None if eos else last
             if new_text_len and not params.include_stop_str_in_output:
                 text = text[:-new_text_len]
             return RequestStatus.FINISHED_STOPPED, text

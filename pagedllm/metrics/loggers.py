@@ -36,7 +36,13 @@ class StatLoggerBase(ABC):
 
 
 class LoggingStatLogger(StatLoggerBase):
-    """Every `local_interval` seconds, one INFO line: throughputs since the last line, queues, cache use."""
+    """Every `local_interval` seconds, vLLM's INFO lines (DEBUG while idle, so an idle server stays quiet):
+    throughputs since the last line, queues and cache use, then the prefix cache hit rate when caching is on."""
+
+    def __init__(self, local_interval: float, engine_config: Any = None) -> None:
+        super().__init__(local_interval, engine_config)
+        self.last_prompt_throughput = 0.0
+        self.last_generation_throughput = 0.0
 
     def log(self, stats: Stats) -> None:
         self.num_prompt_tokens.append(stats.num_prompt_tokens_iter)
@@ -44,17 +50,22 @@ class LoggingStatLogger(StatLoggerBase):
         elapsed = stats.now - self.last_local_log
         if elapsed <= self.local_interval:
             return
-        logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
-            "Swapped: %d reqs, Pending: %d reqs, KV cache usage: %.1f%%, CPU swap usage: %.1f%%, "
-            "Prefix cache hit rate: %.1f%%.",
-            sum(self.num_prompt_tokens) / elapsed, sum(self.num_generation_tokens) / elapsed,
-            stats.num_running_sys, stats.num_swapped_sys, stats.num_waiting_sys, stats.gpu_cache_usage_sys * 100,
-            stats.cpu_cache_usage_sys * 100, stats.gpu_prefix_cache_hit_rate * 100)
+        prompt_throughput = sum(self.num_prompt_tokens) / elapsed
+        generation_throughput = sum(self.num_generation_tokens) / elapsed
+        log = logger.info if any((prompt_throughput, generation_throughput, self.last_prompt_throughput,
+                                  self.last_generation_throughput)) else logger.debug
+        log("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+            "Swapped: %d reqs, Pending: %d reqs, GPU KV cache usage: %.1f%%, CPU KV cache usage: %.1f%%.",
+            prompt_throughput, generation_throughput, stats.num_running_sys, stats.num_swapped_sys,
+            stats.num_waiting_sys, stats.gpu_cache_usage_sys * 100, stats.cpu_cache_usage_sys * 100)
+        if self.engine_config is None or self.engine_config.cache_config.enable_prefix_caching:
+            log("Prefix cache hit rate: GPU: %.2f%%, CPU: %.2f%%", stats.gpu_prefix_cache_hit_rate * 100,
+                stats.cpu_prefix_cache_hit_rate * 100)
         if stats.spec_decode_metrics is not None:
-            logger.info("Speculative metrics: %s", stats.spec_decode_metrics)
+            log("Speculative metrics: %s", stats.spec_decode_metrics)
         self.num_prompt_tokens, self.num_generation_tokens = [], []
         self.last_local_log = stats.now
+        self.last_prompt_throughput, self.last_generation_throughput = prompt_throughput, generation_throughput
 
     def info(self, type: str, obj: SupportsMetricsInfo) -> None:
         if type == "cache_config":

@@ -5,6 +5,7 @@ import dataclasses
 import logging
 import re
 import time
+import types
 
 import pytest
 from prometheus_client import REGISTRY
@@ -125,12 +126,14 @@ def test_log_line_has_the_right_figures(stats_llm, caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Avg prompt throughput")]
     assert len(lines) == 1
     figures = [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)(?: tokens/s| reqs|%)", lines[0])]
-    prompt_tp, gen_tp, running, swapped, pending, kv_usage, swap_usage, hit_rate = figures
+    prompt_tp, gen_tp, running, swapped, pending, kv_usage, swap_usage = figures
+    hit_rates = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Prefix cache hit rate")]
+    assert hit_rates == ["Prefix cache hit rate: GPU: 0.00%, CPU: 0.00%"]
     assert 2 * P / (after - start) - 0.05 <= prompt_tp <= 2 * P / (before - start) + 0.05
     assert 2 / (after - start) - 0.05 <= gen_tp <= 2 / (before - start) + 0.05
     assert (running, swapped, pending) == (2, 0, N - 2)
     assert kv_usage == round(100 * 2 / 64, 1)  # one block each for the two running requests
-    assert (swap_usage, hit_rate) == (0.0, 0.0)
+    assert swap_usage == 0.0
 
 
 def test_log_line_every_interval():
@@ -151,10 +154,23 @@ def test_log_line_every_interval():
     finally:
         log.removeHandler(handler)
         log.level = old_level
+    # vLLM's wording, which users grep for.
     assert records == ["Avg prompt throughput: 10.0 tokens/s, Avg generation throughput: 2.0 tokens/s, "
-                       "Running: 3 reqs, Swapped: 0 reqs, Pending: 1 reqs, KV cache usage: 25.0%, "
-                       "CPU swap usage: 0.0%, Prefix cache hit rate: 50.0%."]
+                       "Running: 3 reqs, Swapped: 0 reqs, Pending: 1 reqs, GPU KV cache usage: 25.0%, "
+                       "CPU KV cache usage: 0.0%.", "Prefix cache hit rate: GPU: 50.00%, CPU: 0.00%"]
     assert stat_logger.last_local_log == 1005.5 and stat_logger.num_prompt_tokens == []
+
+
+def test_idle_lines_go_to_debug_and_no_hit_rate_without_prefix_caching(caplog):
+    config = types.SimpleNamespace(cache_config=types.SimpleNamespace(enable_prefix_caching=False))
+    stat_logger = LoggingStatLogger(local_interval=5.0, engine_config=config)
+    stat_logger.last_local_log = 1000.0
+    caplog.set_level(logging.DEBUG, logger="pagedllm.metrics.loggers")
+    for now, tokens in ((1006.0, 12), (1012.0, 0), (1018.0, 0)):
+        stat_logger.log(Stats(now=now, num_prompt_tokens_iter=tokens))
+    levels = [r.levelname for r in caplog.records if r.getMessage().startswith("Avg prompt throughput")]
+    assert levels == ["INFO", "INFO", "DEBUG"]  # the first idle line still shows the drop to zero
+    assert not [r for r in caplog.records if "Prefix cache hit rate" in r.getMessage()]
 
 
 def test_request_metrics_filled_with_stats_off(tiny_model_dir):
@@ -213,4 +229,4 @@ def test_prefix_cache_hit_rate_is_exported_and_logged(tiny_model_dir, caplog):
     assert stats.hits > 0
     assert _value("vllm:gpu_prefix_cache_hit_rate") == stats.hit_rate
     last = [r.getMessage() for r in caplog.records if "Prefix cache hit rate" in r.getMessage()][-1]
-    assert last.endswith(f"Prefix cache hit rate: {100 * stats.hit_rate:.1f}%.")
+    assert last == f"Prefix cache hit rate: GPU: {100 * stats.hit_rate:.2f}%, CPU: 0.00%"
