@@ -10,6 +10,8 @@ from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.model.layers import MergedLinear
+from pagedllm.model.linear_backend import choose_backends
+from pagedllm.model.linear_timing import pack
 from pagedllm.model.llama import LlamaForCausalLM
 
 # Architectures served by the Llama-family implementation.
@@ -24,19 +26,6 @@ def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
         raise ValueError(f"Model folder {folder} has no *.safetensors weight files.")
     for file in files:
         yield from load_file(file).items()
-
-
-def _onednn_beats_panels() -> bool:
-    """Whether oneDNN's prepacked float32 matmul beats packed_linear.c on this CPU. Measured on AMD Zen 3,
-    oneDNN ran prefill 1.2x and decode 2x faster than MKL; on an Intel Xeon, MKL ran 1.1-1.15x faster than
-    oneDNN, and packed_linear.c 1.3-1.7x faster than MKL at 8 to 64 rows (0.93x in 2048-row prefills)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return not any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
-    except OSError:
-        return True
 
 
 def load_model(model_config: ModelConfig, device: str) -> nn.Module:
@@ -62,10 +51,12 @@ def load_model(model_config: ModelConfig, device: str) -> nn.Module:
         for module in linears:
             module.quantize_int8()
     if device == "cpu" and model_config.dtype == torch.float32:
-        onednn = _onednn_beats_panels()
+        # float32 weights take the backend measured fastest on this CPU for their shape; int8 takes the panel
+        # kernel, which converts the weights as it streams them.
+        backends = choose_backends(tuple(m.weight.shape) for m in linears if m.scales is None)
         for module in linears:
-            if module.scales is None and onednn:
-                module.pack_for_cpu()
+            if module.scales is None:
+                pack(module, backends[tuple(module.weight.shape)])
             else:
                 module.pack_panels()
     return model
