@@ -50,8 +50,9 @@ def test_choice_is_measured_once_then_read_from_the_cache(cache_root, measured):
         assert set(layer["ms_per_call"]) == set(available((out, k)))
         assert all(t > 0 for times in layer["ms_per_call"].values() for t in times)
         assert layer["backend"] == choices[(out, k)]
-        per_token = {name: sum(t / rows for t, rows in zip(times, ROWS)) for name, times in layer["ms_per_call"].items()}
-        assert per_token[choices[(out, k)]] == min(per_token.values())
+        per_token = [sum(t / rows for t, rows in zip(times, ROWS)) for times in layer["ms_per_call"].values()]
+        chosen = sum(t / rows for t, rows in zip(layer["ms_per_call"][layer["backend"]], ROWS))
+        assert chosen <= min(per_token) + 1e-3  # the file's figures are rounded to 0.1 us
     assert choose_backends(reversed(SHAPES)) == choices
     assert len(measured) == 1
     choose_backends(SHAPES[:1])  # other shapes: measured anew

@@ -69,8 +69,8 @@ class _ShapeTimer:
     def __init__(self, shape: Shape, memory: torch.Tensor) -> None:
         self.shape = shape
         out, k = shape
-        self.decode_columns = _columns(out, k, _DECODE_BYTES)
-        self.prefill_columns = min(out, _PREFILL_COLUMNS)
+        self.decode_columns = _columns(out, _DECODE_BYTES // (4 * k))
+        self.prefill_columns = _columns(out, _PREFILL_COLUMNS)
         copies = max(1, min(_MAX_COPIES, memory.numel() // (self.decode_columns * k)))
         names = available(shape)
         self.decode = {name: _layers(name, memory, self.decode_columns, k, copies, ROWS[:-1]) for name in names}
@@ -90,12 +90,11 @@ class _ShapeTimer:
             best[-1] = min(best[-1], _time_call(self.prefill[name], self.inputs[-1]) * out / self.prefill_columns)
 
 
-def _columns(out: int, k: int, max_bytes: int) -> int:
-    """The output columns of an (out, k) weight to time: all of them, or as many whole panels as fit in
-    max_bytes."""
+def _columns(out: int, limit: int) -> int:
+    """How many of a weight's `out` output columns to time: all of them, or whole panels up to `limit`."""
     kernel = cpu_kernels.load_packed_linear()
     unit = kernel.panel if kernel is not None else 1
-    return min(out, max(unit, max_bytes // (4 * k) // unit * unit))
+    return min(out, max(unit, limit // unit * unit))
 
 
 def _layers(backend: str, memory: torch.Tensor, out: int, k: int, copies: int,
