@@ -36,7 +36,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCES = os.path.join(os.path.dirname(__file__), "csrc")
-_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedllm", "kernels")
+CACHE_ROOT = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "pagedllm")
+_CACHE_DIR = os.path.join(CACHE_ROOT, "kernels")
 # -ffast-math lets the compiler vectorize the reductions; the kernels never rely on inf or NaN. On CPUs with
 # AVX-512, whole 512-bit vectors (GCC picks 256 by default) ran an auto-vectorized int8 matmul 1.3x faster.
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
@@ -79,12 +80,16 @@ class RecordedCall(NamedTuple):
     tensors: list[torch.Tensor]  # those passed as pointers, kept alive with the recording
 
 
-_recording = threading.local()  # .calls: this thread's recording, if one is under way
+# A recorded step of PyTorch operators (replayable): reruns them, writing the same output tensor again.
+TorchStep = Callable[[], None]
+
+_recording = threading.local()  # .calls: this thread's recording, if one is under way; .in_torch_step
 
 
 @contextlib.contextmanager
-def recording_calls() -> Iterator[list[RecordedCall]]:
-    """Record every kernel call this thread makes in this block (each still runs) into the yielded list."""
+def recording_calls() -> Iterator[list[Union[RecordedCall, TorchStep]]]:
+    """Record every kernel call and replayable step this thread makes in this block (each still runs) into
+    the yielded list."""
     if getattr(_recording, "calls", None) is not None:
         raise RuntimeError("Kernel calls are already being recorded.")
     _recording.calls = []
@@ -92,6 +97,31 @@ def recording_calls() -> Iterator[list[RecordedCall]]:
         yield _recording.calls
     finally:
         _recording.calls = None
+
+
+def replayable(compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """compute(), a few PyTorch operators (a linear layer on oneDNN or MKL, a bias add). While calls are
+    recorded it is recorded as one step that reruns it into the tensor it returned now, which the kernels
+    recorded after it read; the kernels it calls itself are not recorded, as the rerun calls them."""
+    calls = getattr(_recording, "calls", None)
+    if calls is None:
+        return compute()
+    _recording.calls, _recording.in_torch_step = None, True
+    try:
+        out = compute()
+    finally:
+        _recording.calls, _recording.in_torch_step = calls, False
+
+    def rerun() -> None:
+        out.copy_(compute())
+
+    calls.append(rerun)
+    return out
+
+
+def in_torch_step() -> bool:
+    """Whether this thread is running a replayable step being recorded: its PyTorch operators will be rerun."""
+    return getattr(_recording, "in_torch_step", False)
 
 
 def _word(arg: Union[torch.Tensor, int, float, None]) -> int:
@@ -227,12 +257,9 @@ def _load(source: str, defines: dict[str, int]) -> Optional[ctypes.CDLL]:
 
 def _build(compiler: str, source: str, defines: list[str]) -> str:
     """Compile into the cache unless these sources, these flags and this CPU were already built for."""
-    contents = b""
-    for name in sorted(os.listdir(_SOURCES)):  # the source and the headers it may include
-        with open(os.path.join(_SOURCES, name), "rb") as f:
-            contents += name.encode() + b"\0" + f.read()
-    key = hashlib.sha256(b"\0".join([source.encode(), contents, " ".join([compiler, *_FLAGS, *defines]).encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:16]
+    key = hashlib.sha256(b"\0".join([source.encode(), sources_digest().encode(),
+                                     " ".join([compiler, *_FLAGS, *defines]).encode(),
+                                     cpu_signature().encode()])).hexdigest()[:16]
     path = os.path.join(_CACHE_DIR, f"{os.path.splitext(source)[0]}-{key}.so")
     if os.path.exists(path):
         return path
@@ -250,8 +277,29 @@ def _build(compiler: str, source: str, defines: list[str]) -> str:
     return path
 
 
-def _cpu_signature() -> str:
-    """-march=native code runs only on this CPU model: key the build by it."""
+@functools.cache
+def sources_digest() -> str:
+    """A digest of every kernel source and header: a build, or a measurement of a kernel, is stale once it changes."""
+    contents = hashlib.sha256()
+    for name in sorted(os.listdir(_SOURCES)):
+        with open(os.path.join(_SOURCES, name), "rb") as f:
+            contents.update(name.encode() + b"\0" + f.read())
+    return contents.hexdigest()
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (or the platform's word for it)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return names[0] if names else platform.processor()
+    except OSError:
+        return platform.processor()
+
+
+def cpu_signature() -> str:
+    """This CPU's model name and flags: -march=native code runs only on this CPU model, and the fastest kernel
+    depends on it, so builds and measurements are keyed by it."""
     try:
         with open("/proc/cpuinfo") as f:
             lines = [line for line in f if line.startswith(("model name", "flags"))]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear
+from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear, replayable
 
 
 class RMSNorm(nn.Module):
@@ -72,7 +72,7 @@ class MergedLinear(nn.Module):
 
     def pack_for_cpu(self) -> None:
         """Reorder the float32 weight once into oneDNN's blocked layout and drop the dense copy; the loader
-        does so on CPUs where oneDNN's matmul beats packed_linear.c (loader._onednn_beats_panels)."""
+        does so where oneDNN was measured fastest for this shape (linear_backend.py)."""
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, None)
         self.weight = None
 
@@ -85,6 +85,11 @@ class MergedLinear(nn.Module):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panel_weight is not None and self.bias is None:
+            return self._product(x)  # one C kernel call, which a CPU graph records as such
+        return replayable(lambda: self._product(x))  # PyTorch operators, which a CPU graph reruns as one step
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
         rows = x.reshape(-1, x.shape[-1])

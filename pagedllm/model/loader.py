@@ -11,6 +11,8 @@ from torch import nn
 from pagedllm.config import ModelConfig
 from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
 from pagedllm.model.layers import MergedLinear
+from pagedllm.model.linear_backend import choose_backends
+from pagedllm.model.linear_timing import pack
 from pagedllm.model.llama import LlamaForCausalLM
 
 # Architectures served by the Llama-family implementation.
@@ -36,19 +38,6 @@ def iter_weights(model_config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]
     return _iter_safetensors(model_config.path)
 
 
-def _onednn_beats_panels() -> bool:
-    """Whether oneDNN's prepacked float32 matmul beats packed_linear.c on this CPU. Measured on AMD Zen 3,
-    oneDNN ran prefill 1.2x and decode 2x faster than MKL; on an Intel Xeon, MKL ran 1.1-1.15x faster than
-    oneDNN, and packed_linear.c 1.3-1.7x faster than MKL at 8 to 64 rows (0.93x in 2048-row prefills)."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            return not any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
-    except OSError:
-        return True
-
-
 def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext = SINGLE_PROCESS) -> nn.Module:
     """The model with its weights, in model_config.dtype on `device`, in inference mode; under tensor or
     pipeline parallelism (`parallel` from pagedllm.distributed.init_distributed), this worker's shard of it."""
@@ -67,10 +56,12 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
         for module in linears:
             module.quantize_int8()
     if device == "cpu" and model_config.dtype == torch.float32:
-        onednn = _onednn_beats_panels()
+        # float32 weights take the backend measured fastest on this CPU for their shape; int8 takes the panel
+        # kernel, which converts the weights as it streams them.
+        backends = choose_backends(tuple(m.weight.shape) for m in linears if m.scales is None)
         for module in linears:
-            if module.scales is None and onednn:
-                module.pack_for_cpu()
+            if module.scales is None:
+                pack(module, backends[tuple(module.weight.shape)])
             else:
                 module.pack_panels()
     return model

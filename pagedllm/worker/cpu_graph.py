@@ -8,21 +8,23 @@ As with CUDA graphs, the first decode step of each batch size runs the model whi
 calls, over input buffers that the graph keeps; later steps of that size copy their inputs into those
 buffers and replay the calls. A recording holds pointers, so it stays valid only while everything it points
 to stays in place: the weights and KV cache (never moved once allocated) and the intermediate results, which
-the recording keeps alive. A forward pass that runs any PyTorch computation, which a replay would skip, is
+the recording keeps alive. A linear layer that runs PyTorch operators (on oneDNN or MKL where those were
+measured fastest, or with a bias) is recorded as a step of its own (cpu_kernels.replayable), which the replay
+reruns from Python between runs of kernel calls. Any other PyTorch computation, which a replay would skip, is
 refused at capture, and the model then runs eagerly.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedllm.model.attention import AttentionMetadata, KVCache
-from pagedllm.model.cpu_kernels import RecordedCall, load_plan_runner, recording_calls
+from pagedllm.model.cpu_kernels import RecordedCall, TorchStep, in_torch_step, load_plan_runner, recording_calls
 from pagedllm.worker.batch import ModelInput
 
 logger = logging.getLogger(__name__)
@@ -41,10 +43,12 @@ class CaptureRefused(Exception):
 
 
 class _OnlyKernels(TorchDispatchMode):
-    """Lets views and allocations through and refuses any other PyTorch operator, and a view operator
-    (reshape, flatten) that had to copy."""
+    """Lets views, allocations and the operators of replayable steps through and refuses any other PyTorch
+    operator, and a view operator (reshape, flatten) that had to copy."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        if in_torch_step():
+            return func(*args, **(kwargs or {}))
         if not (func.is_view or func in _ALLOCATIONS):
             raise CaptureRefused(f"the forward pass runs {func}")
         out = func(*args, **(kwargs or {}))
@@ -68,8 +72,7 @@ class DecodeGraph:
             slot_mapping=torch.zeros(batch_size, dtype=torch.long), prefill_groups=[], prefills=[],
             num_prefill_tokens=0, decode_block_tables=torch.zeros(batch_size, max_blocks, dtype=torch.long),
             decode_context_lens=torch.zeros(batch_size, dtype=torch.long))
-        self._calls: list[RecordedCall] = []  # kept alive: the plan points into their arguments and tensors
-        self._plan: Optional[tuple[ctypes.Array, ctypes.Array, int]] = None
+        self._steps: Optional[list[Callable[[], None]]] = None  # runs of kernel calls and PyTorch steps
         self._output: Optional[torch.Tensor] = None
 
     def run(self, batch: ModelInput) -> torch.Tensor:
@@ -82,16 +85,42 @@ class DecodeGraph:
         self.meta.decode_context_lens.copy_(meta.decode_context_lens)
         # Columns past this step's widest table keep older ids: the kernel reads only a row's own blocks.
         self.meta.decode_block_tables[:, :meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
-        if self._plan is None:
-            with recording_calls() as calls, _OnlyKernels():
+        if self._steps is None:
+            with recording_calls() as recording, _OnlyKernels():
                 self._output = self.model(self.input_embeds, self.positions, self.kv_caches, self.meta)
-            self._calls = calls
-            self._plan = ((ctypes.c_void_p * len(calls))(*(call.entry for call in calls)),
-                          (ctypes.c_void_p * len(calls))(*(ctypes.addressof(call.words) for call in calls)),
-                          len(calls))
+            self._steps = _steps(recording, self.run_plan)
         else:
-            self.run_plan(*self._plan)
+            for step in self._steps:
+                step()
         return self._output
+
+
+def _steps(recording: list[Union[RecordedCall, TorchStep]], run_plan: Callable) -> list[Callable[[], None]]:
+    """The recording as steps to replay in order: each run of kernel calls as one call of plan.c, each
+    PyTorch step as itself."""
+    steps, calls = [], []
+    for item in [*recording, None]:
+        if isinstance(item, RecordedCall):
+            calls.append(item)
+            continue
+        if calls:
+            steps.append(_plan_step(calls, run_plan))
+            calls = []
+        if item is not None:
+            steps.append(item)
+    return steps
+
+
+def _plan_step(calls: list[RecordedCall], run_plan: Callable) -> Callable[[], None]:
+    """One call of plan.c replaying `calls`, which it keeps alive (the plan points into their arguments and
+    tensors)."""
+    entries = (ctypes.c_void_p * len(calls))(*(call.entry for call in calls))
+    arguments = (ctypes.c_void_p * len(calls))(*(ctypes.addressof(call.words) for call in calls))
+
+    def replay() -> None:
+        run_plan(entries, arguments, len(calls))  # refers to calls: they live as long as this step
+
+    return replay
 
 
 class DecodeGraphs:

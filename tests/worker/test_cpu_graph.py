@@ -6,6 +6,8 @@ import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.model import attention, cpu_kernels
+from pagedllm.model.linear_backend import ENV_VAR
+from pagedllm.model.linear_timing import BACKENDS, present
 from pagedllm.worker.cpu_graph import MAX_GRAPH_BATCH, CaptureRefused, _OnlyKernels
 
 # Ten requests that finish one after another: decode batches from 10 down to 1, eager above MAX_GRAPH_BATCH
@@ -39,6 +41,19 @@ def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir):
     assert set(_runner(llm).decode_graphs.graphs) == set(range(1, MAX_GRAPH_BATCH + 1))
     _assert_same(replayed, eager)
     _assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), eager)  # every size now replays
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_linear_backend_replays_as_eager(tiny_model_dir, monkeypatch, backend):
+    """oneDNN and MKL linears are PyTorch steps between runs of kernel calls; the panel kernel is a kernel call."""
+    if backend not in present():
+        pytest.skip(f"no {backend} on this machine")
+    monkeypatch.setenv(ENV_VAR, backend)
+    _, eager = _generate(tiny_model_dir, enforce_eager=True)
+    llm, replayed = _generate(tiny_model_dir)
+    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, MAX_GRAPH_BATCH + 1))
+    _assert_same(replayed, eager)
 
 
 @pytest.mark.slow
