@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import os
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from pagedllm.config_compat import CompatArgs, check_unsupported

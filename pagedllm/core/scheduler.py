@@ -178,10 +178,11 @@ class Scheduler:
         self.num_preemptions += 1
         if self.num_preemptions % PREEMPTION_WARNING_INTERVAL == 1:
             logger.warning(
-                "Request %s was preempted for lack of KV cache space and will be %s (%d preemptions so far). "
-                "Give the cache more room with kv_cache_memory (or VLLM_CPU_KVCACHE_SPACE) on CPU, "
-                "gpu_memory_utilization on GPU, or lower max_num_seqs.", request.request_id,
-                "swapped back in" if pairs is not None else "recomputed", self.num_preemptions)
+                "Sequence group %s is preempted by %s mode because there is not enough KV cache space. This can "
+                "affect the end-to-end performance. Increase gpu_memory_utilization or tensor_parallel_size to "
+                "provide more KV cache memory (on CPU: kv_cache_memory or VLLM_CPU_KVCACHE_SPACE; or lower "
+                "max_num_seqs). total_num_cumulative_preemption=%d", request.request_id,
+                "PreemptionMode.SWAP" if pairs is not None else "PreemptionMode.RECOMPUTE", self.num_preemptions)
 
     def _swapped_first(self) -> bool:
         """Whether the swapped-out queue goes before the waiting one this turn."""

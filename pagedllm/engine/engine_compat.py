@@ -70,7 +70,6 @@ class EngineCompatMixin:
     """Needs `config`, `tokenizer`, `output_processor` and `scheduler` on the engine."""
 
     DO_VALIDATE_OUTPUT: ClassVar[bool] = False
-    usage_context: UsageContext = UsageContext.ENGINE_CONTEXT
 
     @classmethod
     def from_vllm_config(cls, vllm_config: EngineConfig, usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
@@ -78,17 +77,8 @@ class EngineCompatMixin:
         """Build the engine from a config made by `EngineArgs.create_engine_config()`."""
         from pagedllm.executor import executor_class
 
-        engine = cls(vllm_config, executor_class(vllm_config), log_stats=not disable_log_stats)
-        engine.usage_context = usage_context
-        if stat_loggers is not None and engine.log_stats:
-            engine.use_stat_loggers(stat_loggers)
-        return engine
-
-    def use_stat_loggers(self, stat_loggers: dict[str, Any]) -> None:
-        """Replace the default stat loggers by the caller's (vLLM's `stat_loggers` argument)."""
-        for stat_logger in self.stat_loggers.values():
-            stat_logger.close()
-        self.stat_loggers = dict(stat_loggers)
+        return cls(vllm_config, executor_class(vllm_config), log_stats=not disable_log_stats,
+                   usage_context=usage_context, stat_loggers=stat_loggers)
 
     def get_vllm_config(self) -> EngineConfig:
         return self.config

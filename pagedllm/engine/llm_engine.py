@@ -28,8 +28,12 @@ logger = logging.getLogger(__name__)
 
 
 class LLMEngine(EngineCompatMixin):
-    def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True) -> None:
+    def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True,
+                 usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
+                 stat_loggers: Optional[dict[str, StatLoggerBase]] = None) -> None:
+        """`stat_loggers`, when given with `log_stats`, replace the default ones (log line, Prometheus)."""
         self.config = config
+        self.usage_context = usage_context
         self.model_config = config.model_config
         self.log_stats = log_stats
         start = time.perf_counter()
@@ -48,7 +52,7 @@ class LLMEngine(EngineCompatMixin):
         self.parents: dict[str, ParentRequest] = {}  # unfinished n > 1 requests, by the user's id
         stop_ids = sorted(({self.eos_token_id} | self.generation_eos_ids()) - {None})
         self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
-        self._init_observability(num_blocks)
+        self._init_observability(num_blocks, stat_loggers)
 
     def _kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
         cache, scheduler = self.config.cache_config, self.config.scheduler_config
@@ -59,11 +63,13 @@ class LLMEngine(EngineCompatMixin):
         return KVCacheManager(num_blocks, cache.block_size, scheduler.watermark,
                               enable_caching=cache.enable_prefix_caching, num_swap_blocks=num_swap_blocks)
 
-    def _init_observability(self, num_blocks: int) -> None:
+    def _init_observability(self, num_blocks: int, stat_loggers: Optional[dict[str, StatLoggerBase]]) -> None:
         lora = self.config.lora_config
         self.stats = StatsCollector(self.scheduler, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        if not self.log_stats:
+            stat_loggers = {}
         self.stat_loggers: dict[str, StatLoggerBase] = (
-            default_stat_loggers(self.config, num_blocks) if self.log_stats else {})
+            dict(stat_loggers) if stat_loggers is not None else default_stat_loggers(self.config, num_blocks))
         self.tracer = request_tracer(self.config)
         if self.tracer is not None:
             self.stats.on_finished_hooks.append(self.tracer.trace)

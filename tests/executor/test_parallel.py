@@ -1,0 +1,60 @@
+"""Tensor and pipeline parallelism on the default model, under the `mp` and `ray` executors: the same greedy
+tokens and top logprobs as one in-process worker, up to near ties (a sharded model sums in another order)."""
+from __future__ import annotations
+
+import pytest
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.config import EngineArgs
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far away,",
+           "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"]
+PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+TIE_MARGIN = 0.05
+LOGPROB_TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def expected(llm):
+    return llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+def _assert_equal_up_to_near_ties(outputs: list, expected: list) -> None:
+    """Equal tokens, logprobs within LOGPROB_TOLERANCE; a first divergence only where the in-process run's top
+    two logprobs are within TIE_MARGIN (after it the texts differ, so the comparison stops)."""
+    for got, want in zip(outputs, expected, strict=True):
+        got, want = got.outputs[0], want.outputs[0]
+        for step, (token, reference) in enumerate(zip(got.token_ids, want.token_ids)):
+            top = sorted(want.logprobs[step].values(), key=lambda p: p.rank)
+            if token != reference:
+                assert top[0].logprob - top[1].logprob < TIE_MARGIN, f"step {step}: {token} != {reference}"
+                break
+            assert got.logprobs[step][token].logprob == pytest.approx(top[0].logprob, abs=LOGPROB_TOLERANCE)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(distributed_executor_backend="mp", tensor_parallel_size=3),
+    dict(distributed_executor_backend="mp", pipeline_parallel_size=2),
+    dict(distributed_executor_backend="ray", tensor_parallel_size=3),
+], ids=["mp-tp3", "mp-pp2", "ray-tp3"])
+def test_sharded_greedy_output_equals_one_worker(kwargs, expected):
+    llm = LLM(**kwargs, num_gpu_blocks_override=64)
+    try:
+        executor = llm.llm_engine.model_executor
+        assert len(llm.collective_rpc("check_health")) == (3 if "tensor_parallel_size" in kwargs else 2)
+        _assert_equal_up_to_near_ties(llm.generate(PROMPTS, PARAMS, use_tqdm=False), expected)
+    finally:
+        executor.shutdown()
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_at_start(default_model):
+    with pytest.raises(ValueError, match=r"attention heads \(9\) must be divisible by tensor parallel size \(2\)"):
+        EngineArgs(model=default_model, tensor_parallel_size=2).create_engine_config()
+
+
+def test_the_in_process_executor_refuses_several_workers(default_model):
+    with pytest.raises(ValueError, match="distributed_executor_backend='uni' runs one worker"):
+        EngineArgs(model=default_model, tensor_parallel_size=3, distributed_executor_backend="uni"
+                   ).create_engine_config()
