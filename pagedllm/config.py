@@ -233,6 +233,9 @@ class EngineArgs(CompatArgs):
             raise ValueError(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
         if self.swap_space < 0:
             raise ValueError(f"swap_space must be non-negative, got {self.swap_space}.")
+        if self.preemption_mode == "swap" and self.pipeline_parallel_size > 1:
+            raise ValueError("preemption_mode='swap' is not supported with pipeline_parallel_size > 1; use "
+                             "preemption_mode='recompute'.")
         if self.preemption_mode == "swap" and self.swap_space == 0:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
                              "blocks).")

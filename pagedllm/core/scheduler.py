@@ -42,8 +42,9 @@ class _Plan:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache: KVCacheManager, virtual_engine: int = 0) -> None:
         self.config = config
+        self.virtual_engine = virtual_engine
         self.kv_cache = kv_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -95,7 +96,8 @@ class Scheduler:
     def _output(self, plan: _Plan) -> SchedulerOutput:
         """The plan as plain data for the workers: requests they do not hold whole, the others' changes."""
         out = SchedulerOutput(blocks_to_swap_out=plan.blocks_to_swap_out, blocks_to_swap_in=plan.blocks_to_swap_in,
-                              preempted_req_ids=[r.request_id for r in plan.preempted])
+                              preempted_req_ids=[r.request_id for r in plan.preempted],
+                              virtual_engine=self.virtual_engine)
         for request, num_new in plan.scheduled:
             out.num_scheduled_tokens[request.request_id] = num_new
             if request.num_tokens_sent == 0:

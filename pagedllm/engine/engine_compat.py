@@ -106,7 +106,7 @@ class EngineCompatMixin:
         CPU side of `device`) are never prefix-cached, so resetting only them always succeeds."""
         if device in (Device.CPU, "cpu"):
             return True
-        if self.scheduler.kv_cache.reset_prefix_cache():
+        if all([scheduler.kv_cache.reset_prefix_cache() for scheduler in self.schedulers]):
             return True
         logger.warning("Failed to reset the prefix cache: some blocks are still in use by requests.")
         return False

@@ -8,7 +8,9 @@ from typing import Any, Iterable, Mapping, Optional, Union
 from pagedllm.config import EngineArgs, EngineConfig
 from pagedllm.core.kv_cache import KVCacheManager
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
@@ -46,7 +48,9 @@ class LLMEngine(EngineCompatMixin):
         block_size = config.cache_config.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens). Engine ready in %.1f s.", num_blocks,
                     block_size, num_blocks * block_size, time.perf_counter() - start)
-        self.scheduler = Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks))
+        # One scheduler per virtual engine: with pipeline parallelism each keeps a batch in flight.
+        self.schedulers = [Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks), virtual_engine)
+                           for virtual_engine in range(config.parallel_config.pipeline_parallel_size)]
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
         self.requests: dict[str, RequestState] = {}  # every unfinished request's record, by engine id
         self.parents: dict[str, ParentRequest] = {}  # unfinished n > 1 requests, by the user's id
@@ -65,7 +69,7 @@ class LLMEngine(EngineCompatMixin):
 
     def _init_observability(self, num_blocks: int, stat_loggers: Optional[dict[str, StatLoggerBase]]) -> None:
         lora = self.config.lora_config
-        self.stats = StatsCollector(self.scheduler, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        self.stats = StatsCollector(self.schedulers, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
         if not self.log_stats:
             stat_loggers = {}
         self.stat_loggers: dict[str, StatLoggerBase] = (
@@ -122,10 +126,12 @@ class LLMEngine(EngineCompatMixin):
                               self.eos_token_id, priority, lora_request,
                               trace_headers=trace_headers if self.tracer else None)
             guided = child_params.guided_decoding
+            virtual_engine = min(range(len(self.schedulers)),
+                                 key=lambda ve: self.schedulers[ve].get_num_unfinished_requests())
             self.requests[child_id] = RequestState(
                 request, text, self.tokenizer, (parent, index) if parent is not None else None,
-                self.grammars.matcher(guided) if guided is not None else None)
-            self.scheduler.add_request(request)
+                self.grammars.matcher(guided) if guided is not None else None, virtual_engine)
+            self.schedulers[virtual_engine].add_request(request)
         if parent is not None:
             self.parents[request_id] = parent
 
@@ -214,11 +220,11 @@ class LLMEngine(EngineCompatMixin):
     def _finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """The one place where requests finish: the scheduler frees their blocks (unless it finished them
         itself), their records go, finished ones are counted and traced, aborted ones are not."""
-        self.scheduler.finish_requests(request_ids, status)
         for request_id in request_ids:
             state = self.requests.pop(request_id, None)
             if state is None:
                 continue
+            self.schedulers[state.virtual_engine].finish_requests([request_id], status)
             if state.parent is not None:
                 parent = state.parent[0]
                 if status == RequestStatus.FINISHED_ABORTED or parent.finished:
@@ -226,35 +232,61 @@ class LLMEngine(EngineCompatMixin):
             if status != RequestStatus.FINISHED_ABORTED:
                 self.stats.on_finished(state.request, state.metrics)
 
+    @property
+    def scheduler(self) -> Scheduler:
+        """The first virtual engine's scheduler: the only one without pipeline parallelism."""
+        return self.schedulers[0]
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return any(scheduler.has_unfinished_requests() for scheduler in self.schedulers)
+
+    def has_unfinished_requests_for_virtual_engine(self, virtual_engine: int) -> bool:
+        return self.schedulers[virtual_engine].has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return self.scheduler.get_num_unfinished_requests()
+        return sum(scheduler.get_num_unfinished_requests() for scheduler in self.schedulers)
 
     # --- the step -----------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute, update: the outputs of this iteration."""
+        """Schedule, execute, update: the outputs of this iteration. Every virtual engine's step is started
+        before any is waited for, so that pipeline stages work on different batches at once."""
+        outputs, started = [], []
+        for scheduler in self.schedulers:
+            scheduler_output, scheduled = self._schedule(scheduler, outputs)
+            if scheduler_output.has_work_for_workers:
+                started.append((scheduler_output, scheduled, time.perf_counter(),
+                                self.model_executor.execute_model_async(scheduler_output)))
+        for scheduler_output, scheduled, start, wait in started:
+            outputs += self._update(scheduler_output, scheduled, wait(), time.perf_counter() - start)
+        self.do_log_stats()
+        return outputs
+
+    def _schedule(self, scheduler: Scheduler, outputs: list[RequestOutput]
+                  ) -> tuple[SchedulerOutput, list[RequestState]]:
+        """One virtual engine's plan with the grammar masks its sampling rows need, and the records of its
+        scheduled requests; requests that can never fit are finished into `outputs`."""
         start = time.perf_counter()
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = scheduler.schedule()
         scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens]
         # Finished ids the engine still holds records of were finished by the scheduler: they never fit.
         ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests]
         self.stats.on_schedule([s.metrics for s in scheduled + ignored], time.perf_counter() - start)
-        outputs = self._finish_ignored(ignored)
-        if not scheduler_output.has_work_for_workers:
-            self.do_log_stats()
-            return outputs
+        outputs += self._finish_ignored(ignored)
         scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
             {s.request_id: s.grammar for s in scheduled if s.grammar is not None
              and s.request.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id]
              == s.request.num_tokens})
-        start = time.perf_counter()
-        result = self.model_executor.execute_model(scheduler_output)
-        self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
-        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], result.sampled_token_ids,
-                             time.perf_counter() - start, result.model_forward_time)
+        return scheduler_output, scheduled
+
+    def _update(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState], result: ModelRunnerOutput,
+                execute_time: float) -> list[RequestOutput]:
+        """Take a step's sampled tokens: advance the requests, advance their grammars, make their outputs,
+        finish the ones that stopped."""
+        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output,
+                                                                            result.sampled_token_ids)
+        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], result.sampled_token_ids, execute_time,
+                             result.model_forward_time)
         for state in scheduled:
             token_id = result.sampled_token_ids.get(state.request_id)
             if state.grammar is not None and token_id is not None:
@@ -262,8 +294,7 @@ class LLMEngine(EngineCompatMixin):
         step_outputs, finished = self.output_processor.process(scheduled, result)
         for status in set(finished.values()):
             self._finish_requests([rid for rid, s in finished.items() if s == status], status)
-        self.do_log_stats()
-        return outputs + step_outputs
+        return step_outputs
 
     def _finish_ignored(self, states: list[RequestState]) -> list[RequestOutput]:
         outputs = [output for state in states

@@ -14,12 +14,14 @@ class RequestState:
     request, its parent. Created by `add_request`, dropped in one place when the request finishes."""
 
     def __init__(self, request: Request, prompt: Optional[str], tokenizer: Any,
-                 parent: Optional[tuple[ParentRequest, int]] = None, grammar: Any = None) -> None:
+                 parent: Optional[tuple[ParentRequest, int]] = None, grammar: Any = None,
+                 virtual_engine: int = 0) -> None:
         params = request.sampling_params
         self.request = request
         self.prompt = prompt
         self.parent = parent  # (the n > 1 request this one is a sample of, its index)
         self.grammar = grammar  # xgrammar matcher of a guided request
+        self.virtual_engine = virtual_engine  # whose scheduler (and KV cache) it runs in
         self.detokenizer = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, params.skip_special_tokens,
                                                    params.spaces_between_special_tokens)
                             if tokenizer is not None and params.detokenize else None)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional, Union
 
+from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.scheduler_output import SchedulerOutput
+
 from pagedllm.config import EngineConfig
 
 
@@ -27,12 +30,22 @@ class ExecutorBase(ABC):
         """Call `method` (a worker method name, or a function taking the worker first) on every worker;
         return their results in rank order."""
 
-    def execute_model(self, scheduler_output: Any) -> Any:
-        """Run one step on the workers; the output rank's (tensor-parallel rank 0 of the last pipeline stage)
-        result is the step's."""
+    @property
+    def output_rank(self) -> int:
+        """The worker whose result is the step's: tensor-parallel rank 0 of the last pipeline stage."""
         parallel = self.config.parallel_config
-        output_rank = (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
-        return self.collective_rpc("execute_model", args=(scheduler_output,))[output_rank]
+        return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step on the workers and wait for its output."""
+        return self.execute_model_async(scheduler_output)()
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
+        """Start one step on the workers; the returned function waits for its output. The engine starts a
+        step for each virtual engine before it waits for any, so that pipeline stages work on different
+        batches at once; executors that cannot send without waiting run the step here."""
+        output = self.collective_rpc("execute_model", args=(scheduler_output,))[self.output_rank]
+        return lambda: output
 
     def determine_num_available_blocks(self) -> int:
         return min(self.collective_rpc("determine_num_available_blocks"))

@@ -6,10 +6,13 @@ After a worker fails, the executor stops them all: the engine's state no longer 
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import weakref
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
+from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.executor.base import ExecutorBase
 from pagedllm.executor.worker_process import WorkerDiedError, WorkerProcess, encode_call, gather_replies
 
@@ -26,12 +29,30 @@ class MultiprocExecutor(ExecutorBase):
     def collective_rpc(self, method: Union[str, Callable], timeout: Optional[float] = None,
                        args: tuple = (), kwargs: Optional[dict] = None) -> list[Any]:
         self._check_usable()
-        name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
-        try:
-            message = encode_call(method, args, kwargs or {})
+        self._send(method, args, kwargs or {})
+        return self._gather(method if isinstance(method, str) else getattr(method, "__name__", repr(method)), timeout)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
+        self._check_usable()
+        self._send("execute_model", (scheduler_output,), {})
+        return lambda: self._gather("execute_model", None)[self.output_rank]
+
+    def _send(self, method: Union[str, Callable], args: tuple, kwargs: dict) -> None:
+        message = encode_call(method, args, kwargs)
+        with self._failing():
             for worker in self.workers:
                 worker.send(message)
-            return gather_replies(self.workers, name, timeout)
+
+    def _gather(self, method: str, timeout: Optional[float]) -> list[Any]:
+        """Each worker's reply to its oldest unanswered call (a worker answers its calls in order)."""
+        with self._failing():
+            return gather_replies(self.workers, method, timeout)
+
+    @contextlib.contextmanager
+    def _failing(self) -> Iterator[None]:
+        """A worker that died, failed or hung makes the executor unusable: stop them all."""
+        try:
+            yield
         except (WorkerDiedError, TimeoutError) as error:
             self._failure = error
             self.shutdown()

@@ -11,6 +11,8 @@ import socket
 import sys
 from typing import Any, Callable, Optional, Union
 
+from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.executor.base import ExecutorBase
 from pagedllm.executor.worker_process import WorkerDiedError
 
@@ -83,6 +85,12 @@ class RayExecutor(ExecutorBase):
         name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
         refs = [actor.execute_method.remote(method, *args, **(kwargs or {})) for actor in self.actors]
         return self._gather(refs, name, timeout)
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
+        if self._failure is not None:
+            raise WorkerDiedError(f"The executor's workers have failed: {self._failure}")
+        refs = [actor.execute_method.remote("execute_model", scheduler_output) for actor in self.actors]
+        return lambda: self._gather(refs, "execute_model", None)[self.output_rank]
 
     def _gather(self, refs: list[Any], method: str, timeout: Optional[float]) -> list[Any]:
         """Results in rank order, checked as they come, so that a dead actor is noticed while the others

@@ -18,14 +18,15 @@ Tracked = tuple[Request, RequestMetrics]  # a request and the metrics its output
 
 
 class StatsCollector:
-    def __init__(self, scheduler: Scheduler, collect: bool, max_lora: int = 0) -> None:
-        """`collect` says whether to gather `Stats` at all (request metrics are filled either way)."""
-        self.scheduler = scheduler
+    def __init__(self, schedulers: list[Scheduler], collect: bool, max_lora: int = 0) -> None:
+        """`schedulers`: one per virtual engine; `collect` says whether to gather `Stats` at all (request
+        metrics are filled either way)."""
+        self.schedulers = schedulers
         self.collect = collect
         self.max_lora = max_lora
         self.on_finished_hooks: list[Callable[[Request, RequestMetrics], None]] = []
         self._stats = Stats(now=time.time())
-        self._preemptions_seen = scheduler.num_preemptions
+        self._preemptions_seen = self._num_preemptions()
 
     def on_schedule(self, scheduled: Iterable[RequestMetrics], scheduler_time: float) -> None:
         """Mark the step's requests as scheduled and charge them the time `schedule()` took."""
@@ -85,21 +86,25 @@ class StatsCollector:
     def make_stats(self) -> Stats:
         """The system state now plus everything recorded since the previous call."""
         stats, self._stats = self._stats, Stats(now=time.time())
-        scheduler = self.scheduler
+        schedulers = self.schedulers
         stats.now = time.time()
-        kv_cache = scheduler.kv_cache
-        stats.num_running_sys = len(scheduler.running)
-        stats.num_waiting_sys = len(scheduler.waiting)
-        stats.num_swapped_sys = len(scheduler.swapped)
-        stats.gpu_cache_usage_sys = kv_cache.usage
-        stats.cpu_cache_usage_sys = kv_cache.swap_usage
-        stats.gpu_prefix_cache_hit_rate = kv_cache.prefix_cache_stats.hit_rate
-        stats.num_preemption_iter = scheduler.num_preemptions - self._preemptions_seen
-        self._preemptions_seen = scheduler.num_preemptions
-        stats.running_lora_adapters = _lora_names(scheduler.running)
-        stats.waiting_lora_adapters = _lora_names(scheduler.waiting)
+        # Virtual engines have caches of one size: usage and hit rates are their means.
+        caches = [scheduler.kv_cache for scheduler in schedulers]
+        stats.num_running_sys = sum(len(scheduler.running) for scheduler in schedulers)
+        stats.num_waiting_sys = sum(len(scheduler.waiting) for scheduler in schedulers)
+        stats.num_swapped_sys = sum(len(scheduler.swapped) for scheduler in schedulers)
+        stats.gpu_cache_usage_sys = sum(kv_cache.usage for kv_cache in caches) / len(caches)
+        stats.cpu_cache_usage_sys = sum(kv_cache.swap_usage for kv_cache in caches) / len(caches)
+        stats.gpu_prefix_cache_hit_rate = sum(c.prefix_cache_stats.hit_rate for c in caches) / len(caches)
+        preemptions = self._num_preemptions()
+        stats.num_preemption_iter, self._preemptions_seen = preemptions - self._preemptions_seen, preemptions
+        stats.running_lora_adapters = _lora_names(r for scheduler in schedulers for r in scheduler.running)
+        stats.waiting_lora_adapters = _lora_names(r for scheduler in schedulers for r in scheduler.waiting)
         stats.max_lora = str(self.max_lora)
         return stats
+
+    def _num_preemptions(self) -> int:
+        return sum(scheduler.num_preemptions for scheduler in self.schedulers)
 
 
 def _lora_names(requests: Any) -> list[str]:

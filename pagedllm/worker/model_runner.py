@@ -36,7 +36,8 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.vocab_size = config.model_config.vocab_size
         self.sampler = Sampler()
-        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # One KV cache per virtual engine (pipeline parallelism keeps a batch in flight per stage).
+        self.kv_caches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self.generators: dict[str, torch.Generator] = {}
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.decode_graphs: Optional[DecodeGraphs] = None
@@ -44,15 +45,16 @@ class ModelRunner:
 
     def initialize_cache(self, num_blocks: int) -> None:
         shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
-        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
-                                            self.config.model_config.dtype, self.device)
-                          for _ in range(shape.num_layers)]
+        self.kv_caches = [[allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
+                                             self.config.model_config.dtype, self.device)
+                           for _ in range(shape.num_layers)]
+                          for _ in range(self.ranks.pp_size)]
         model_config = self.config.model_config
         # A graph replays one process's kernels: tensor parallelism's all-reduces and a pipeline stage's
         # sends are not kernel calls (a capture would refuse them), so sharded models run eagerly.
         if (self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager
                 and self.ranks.world_size == 1):
-            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, model_config.max_model_len,
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                               self.block_size)
 
     @torch.inference_mode()
@@ -65,20 +67,21 @@ class ModelRunner:
             return merged
         forward_ms = 0.0
         for part in _split(scheduled, self.tokens_per_forward):
-            output = self._run(part, scheduler_output.grammar_bitmasks)
+            output = self._run(part, scheduler_output.grammar_bitmasks, self.kv_caches[scheduler_output.virtual_engine])
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
             merged.prompt_logprobs.update(output.prompt_logprobs)
             forward_ms += output.model_forward_time
         return merged._replace(model_forward_time=forward_ms)
 
-    def _run(self, scheduled: list[tuple[WorkerRequest, int]], grammar_bitmasks: dict) -> ModelRunnerOutput:
+    def _run(self, scheduled: list[tuple[WorkerRequest, int]], grammar_bitmasks: dict,
+             kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ModelRunnerOutput:
         """One forward pass over these requests' tokens, then sampling."""
         batch = build_model_input(scheduled, self.block_size, self.device)
         start = time.perf_counter()
         hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
         if hidden is None:
-            hidden = self.model.forward_stage(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+            hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
         forward_ms = (time.perf_counter() - start) * 1000

@@ -61,7 +61,8 @@ class Worker:
             budget = free - total * (1 - cache.gpu_memory_utilization)
         else:
             budget = cache.kv_cache_memory
-        num_blocks = int(budget // self.block_bytes())
+        # Each virtual engine (one per pipeline stage) has a cache of its own.
+        num_blocks = int(budget // (self.block_bytes() * self.ranks.pp_size))
         if num_blocks < 1:
             raise ValueError(f"No room for the KV cache: {budget / 2**30:.2f} GiB available, "
                              f"{self.block_bytes()} bytes needed per block.")
@@ -74,9 +75,10 @@ class Worker:
         return self.config.cache_config.swap_space_bytes // self.block_bytes()
 
     def initialize_cache(self, num_blocks: int) -> None:
+        """`num_blocks` for each virtual engine (one per pipeline stage)."""
         self.model_runner.initialize_cache(num_blocks)
         if self.num_swap_blocks():
-            self.swap_space = SwapSpace(self.model_runner.kv_caches, self.num_swap_blocks())
+            self.swap_space = SwapSpace(self.model_runner.kv_caches[0], self.num_swap_blocks())
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step: the block copies of preempted and resumed requests, then the forward pass."""

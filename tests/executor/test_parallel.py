@@ -49,6 +49,28 @@ def test_sharded_greedy_output_equals_one_worker(kwargs, expected):
         executor.shutdown()
 
 
+def test_pipeline_virtual_engines_each_schedule_their_own_requests(expected):
+    llm = LLM(pipeline_parallel_size=2, num_gpu_blocks_override=64)
+    engine = llm.llm_engine
+    try:
+        assert len(engine.schedulers) == 2
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(str(i), prompt, PARAMS)
+        assert [engine.schedulers[ve].get_num_unfinished_requests() for ve in (0, 1)] == [2, 2]
+        assert engine.has_unfinished_requests_for_virtual_engine(0) and engine.has_unfinished_requests_for_virtual_engine(1)
+        planned = []
+        for scheduler in engine.schedulers:
+            schedule = scheduler.schedule
+            scheduler.schedule = lambda schedule=schedule: planned.append(schedule()) or planned[-1]
+        outputs = {}
+        while engine.has_unfinished_requests():
+            outputs.update((o.request_id, o) for o in engine.step() if o.finished)
+        assert {out.virtual_engine for out in planned} == {0, 1}
+        _assert_equal_up_to_near_ties([outputs[str(i)] for i in range(len(PROMPTS))], expected)
+    finally:
+        engine.model_executor.shutdown()
+
+
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_at_start(default_model):
     with pytest.raises(ValueError, match=r"attention heads \(9\) must be divisible by tensor parallel size \(2\)"):
         EngineArgs(model=default_model, tensor_parallel_size=2).create_engine_config()
