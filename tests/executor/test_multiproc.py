@@ -126,3 +126,27 @@ def test_no_worker_process_remains_after_shutdown_or_when_the_parent_is_killed(t
     parent.kill()
     parent.wait()
     assert _gone(worker_pid)
+
+
+def test_a_killed_worker_errors_the_async_engine_and_its_requests(tiny_model_dir):
+    import asyncio
+
+    from pagedllm import AsyncEngineArgs, AsyncLLMEngine
+
+    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, distributed_executor_backend="mp"))
+    pid = engine.engine.model_executor.workers[0].pid
+
+    async def run() -> float:
+        stream = engine.generate("Hello", SamplingParams(max_tokens=2000, ignore_eos=True), "r")
+        await stream.__anext__()
+        os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(Exception, match=rf"Worker 0 \(pid {pid}\) died"):
+            async for _ in stream:
+                pass
+        with pytest.raises(Exception):
+            await engine.check_health()
+        return time.monotonic() - start
+
+    assert asyncio.run(run()) < 5
+    assert engine.errored
