@@ -66,7 +66,7 @@ def test_greedy_output_and_logprobs_equal_the_in_process_executor_through_preemp
 def test_seeded_samples_guided_decoding_and_prefix_hits_equal_the_in_process_executor(llm, mp_llm):
     params = [SamplingParams(n=3, temperature=0.9, seed=7, max_tokens=12),
               SamplingParams(temperature=0, max_tokens=12, guided_decoding=GuidedDecodingParams(regex=r"[0-9]{3}-[a-z]+")),
-              SamplingParams(temperature=0.7, max_tokens=8, logits_processors=[lambda ids, logits: logits * 2])]
+              SamplingParams(temperature=0.7, seed=3, max_tokens=8, logits_processors=[lambda ids, logits: logits * 2])]
     prompts = ["Tell me a story about a cat who lives in a lighthouse by the sea and keeps its lamp burning every "
                "night for the ships that pass, and about the storm that came one winter", "My code is", "Hello"]
     expected = llm.generate(prompts, params, use_tqdm=False)
