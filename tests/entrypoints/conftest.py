@@ -42,6 +42,16 @@ def server(tmp_path_factory) -> Iterator[RunningServer]:
         yield running
 
 
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory, tiny_model_dir) -> Iterator[RunningServer]:
+    """The tiny model behind the default server (engine in its own process), shared by the robustness tests:
+    a short context keeps every generation cheap."""
+    with running_server(tmp_path_factory.mktemp("tiny-server"),
+                        [tiny_model_dir, "--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY_BYTES),
+                         "--max-model-len", "128", "--num-gpu-blocks-override", "128"]) as running:
+        yield running
+
+
 @pytest.fixture(scope="module")
 def launch_server():
     """`with launch_server(log_dir, args, env) as server:` starts another server with other flags."""

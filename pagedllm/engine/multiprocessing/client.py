@@ -200,6 +200,8 @@ class MQLLMEngineClient:
 
     def shutdown(self) -> None:
         """Ask the engine process to exit; kill it if it has not within SHUTDOWN_TIMEOUT_S seconds."""
+        if self._closing:
+            return
         self._closing = True
         if self.process.is_alive():
             try:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -174,10 +175,19 @@ def _add_routes(app: FastAPI) -> None:
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # The engine stops here, inside uvicorn's shutdown: uvicorn re-raises SIGTERM once it returns, which
+    # would end this process before any code after it ran.
+    yield
+    app.state.engine.shutdown()
+    logger.info("The engine has shut down.")
+
+
 async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     """The app over a started engine (AsyncLLMEngine or MQLLMEngineClient); `args` holds the server flags
-    (add_server_args)."""
-    app = FastAPI(root_path=args.root_path or "", title="pagedllm", version=__version__)
+    (add_server_args). Under uvicorn, the app shuts the engine down when the server stops."""
+    app = FastAPI(root_path=args.root_path or "", title="pagedllm", version=__version__, lifespan=_lifespan)
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or os.environ.get("PAGEDLLM_API_KEY")
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=args.max_request_body_bytes)
     _add_error_handlers(app)
@@ -225,8 +235,7 @@ async def serve(args: argparse.Namespace) -> None:
                                 log_level=args.uvicorn_log_level, timeout_graceful_shutdown=args.shutdown_timeout)
         await uvicorn.Server(config).serve()
     finally:
-        engine.shutdown()
-        logger.info("The server has shut down.")
+        engine.shutdown()  # when the app never started; a second call does nothing
 
 
 def run_server(args: argparse.Namespace) -> None:

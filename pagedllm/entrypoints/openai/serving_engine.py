@@ -119,7 +119,7 @@ class OpenAIServing:
         if add_generation_prompt and continue_final_message:
             raise APIError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
         if chat_template is not None and not self.context.trust_request_chat_template:
-            raise APIError("This server does not accept a chat template in the request (start it with "
+            raise APIError("This server does not accept `chat_template` in requests (start it with "
                            "--trust-request-chat-template to allow it).", param="chat_template")
         reserved = sorted(_RESERVED_TEMPLATE_KWARGS.intersection(chat_template_kwargs or {}))
         if reserved:
