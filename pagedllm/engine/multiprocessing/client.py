@@ -50,6 +50,7 @@ class MQLLMEngineClient:
         process = context.Process(target=run_engine, args=(engine_args, child_conn), name="pagedllm-engine")
         process.start()
         child_conn.close()  # only the child holds its end now, so its death reads as EOF here
+        logger.info("Started the engine process (pid %d).", process.pid)
         try:
             ready = await asyncio.to_thread(conn.recv)
         except EOFError:

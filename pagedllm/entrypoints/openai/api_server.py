@@ -13,7 +13,7 @@ import os
 import secrets
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Awaitable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -151,11 +151,13 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.post("/v1/completions", responses=_documented(CompletionResponse, streamed=True))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
-        return await raw_request.app.state.completion.create_completion(request, raw_request)
+        return await _unless_cut_off(raw_request, raw_request.app.state.completion.create_completion(
+            request, raw_request))
 
     @app.post("/v1/chat/completions", responses=_documented(ChatCompletionResponse, streamed=True))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
-        return await raw_request.app.state.chat.create_chat_completion(request, raw_request)
+        return await _unless_cut_off(raw_request, raw_request.app.state.chat.create_chat_completion(
+            request, raw_request))
 
     @app.post("/tokenize", responses=_documented(TokenizeResponse))
     async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
@@ -184,6 +186,30 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     logger.info("The engine has shut down.")
 
 
+async def _unless_cut_off(raw_request: Request, handler: Awaitable[Response]) -> Response:
+    """The handler's response; a 503 if the shutdown's grace period ends before it (the engine requests are
+    aborted as the handler is cancelled)."""
+    try:
+        return await handler
+    except asyncio.CancelledError:
+        if not raw_request.app.state.draining:
+            raise
+        return error_response("The server shut down before this request finished.", HTTPStatus.SERVICE_UNAVAILABLE)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, marking the app as draining when a shutdown signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.app.state.draining = True
+        logger.info("Shutting down: requests in flight have %s s to finish.", self.config.timeout_graceful_shutdown)
+        super().handle_exit(sig, frame)
+
+
 async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     """The app over a started engine (AsyncLLMEngine or MQLLMEngineClient); `args` holds the server flags
     (add_server_args). Under uvicorn, the app shuts the engine down when the server stops."""
@@ -193,6 +219,7 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     _add_error_handlers(app)
     _add_routes(app)
     app.state.engine = engine
+    app.state.draining = False
     app.state.model_path = (await engine.get_model_config()).path
     context = await _serving_context(engine, args)
     app.state.completion = OpenAIServingCompletion(context)
@@ -233,7 +260,7 @@ async def serve(args: argparse.Namespace) -> None:
         # cancels them (which aborts their engine requests); the engine stops after that.
         config = uvicorn.Config(app, host=args.host, port=args.port, root_path=args.root_path or "",
                                 log_level=args.uvicorn_log_level, timeout_graceful_shutdown=args.shutdown_timeout)
-        await uvicorn.Server(config).serve()
+        await _Server(config, app).serve()
     finally:
         engine.shutdown()  # when the app never started; a second call does nothing
 
