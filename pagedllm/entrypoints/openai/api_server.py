@@ -128,12 +128,15 @@ def _documented(model: type, streamed: bool = False) -> dict[int | str, dict[str
     """The responses a route may give, for the OpenAPI schema (200 as `model`, or as server-sent events)."""
     ok: dict[str, Any] = {"model": model}
     if streamed:
-        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+        # Each event's `data` is one chunk's JSON, then `[DONE]`.
+        event = {"type": "object", "properties": {"data": {"type": "string"}}, "required": ["data"]}
+        ok["content"] = {"text/event-stream": {"schema": event}}
     return {200: ok, **_ERRORS}
 
 
 def _add_routes(app: FastAPI) -> None:
-    @app.get("/health", responses={200: {}, 503: {"model": ErrorResponse}})
+    @app.get("/health", response_class=Response, responses={200: {"description": "The engine is healthy."},
+                                                             503: {"model": ErrorResponse}})
     async def health(raw_request: Request) -> Response:
         await raw_request.app.state.engine.check_health()
         return Response(status_code=200)
