@@ -37,7 +37,9 @@ from pagedllm.entrypoints.openai.serving_engine import ServingContext
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger(__name__)
-_TOKENIZER_THREADS = 4
+# One thread: a fast tokenizer sets its truncation state per call and refuses concurrent use ("Already
+# borrowed"); the point of the thread is to keep the event loop free.
+_TOKENIZER_THREADS = 1
 
 
 class GuardMiddleware:
