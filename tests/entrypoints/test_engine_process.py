@@ -6,12 +6,10 @@ import json
 import os
 import re
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
 PROMPT = "The best way to learn a new language is"
 

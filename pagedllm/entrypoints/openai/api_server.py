@@ -83,6 +83,15 @@ class GuardMiddleware:
         return capped_receive
 
 
+_REQUEST_FIELDS = frozenset(CompletionRequest.model_fields) | frozenset(ChatCompletionRequest.model_fields)
+
+
+def _field_named(message: str) -> Optional[str]:
+    """The request field an engine error starts with ("logit_bias contains ..."), for the error's `param`."""
+    first = message.split(" ", 1)[0]
+    return first if first in _REQUEST_FIELDS else None
+
+
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError) -> Response:
@@ -99,7 +108,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ValueError)
     @app.exception_handler(TypeError)
     async def bad_value(_: Request, error: Exception) -> Response:
-        return error_response(str(error), HTTPStatus.BAD_REQUEST)
+        return error_response(str(error), HTTPStatus.BAD_REQUEST, _field_named(str(error)))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> Response:
