@@ -24,8 +24,9 @@ class OpenAIServingChat(OpenAIServing):
         if top and not request.logprobs:
             raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
         self.check_token_ids(request.stop_token_ids, "stop_token_ids")
-        text = await self.render_chat(request.messages, request.add_generation_prompt, request.continue_final_message,
-                                request.chat_template, request.tools, request.chat_template_kwargs)
+        text = await self.render_chat(request.messages, request.add_generation_prompt,
+                                      request.continue_final_message, request.chat_template, request.tools,
+                                      request.chat_template_kwargs)
         prompt = await self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
         num_prompt_tokens = len(prompt["prompt_token_ids"])
         max_tokens = self.max_tokens(num_prompt_tokens, request.max_completion_tokens or request.max_tokens)

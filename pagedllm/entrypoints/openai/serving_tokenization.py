@@ -13,7 +13,8 @@ class OpenAIServingTokenization(OpenAIServing):
         if (request.prompt is None) == (request.messages is None):
             raise APIError("Give exactly one of `prompt` and `messages`.", param="prompt")
         if request.messages is not None:
-            text = await self.render_chat(request.messages, request.add_generation_prompt, request.continue_final_message)
+            text = await self.render_chat(request.messages, request.add_generation_prompt,
+                                          request.continue_final_message)
             add_special_tokens = bool(request.add_special_tokens)
         else:
             text = request.prompt
