@@ -13,7 +13,7 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
                                                status_code_conformance)
 
-EXAMPLES_PER_OPERATION = 25
+EXAMPLES_PER_OPERATION = 15
 CALL_TIMEOUT_S = 60
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 

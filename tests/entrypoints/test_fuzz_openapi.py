@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
 
 FUZZER = Path(__file__).with_name("openapi_fuzz.py")
 OPERATIONS = {"POST /v1/completions", "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize",

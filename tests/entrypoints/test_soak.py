@@ -1,12 +1,16 @@
-"""A few hundred requests of the soak benchmark's mix through the shared tiny-model server: every one ends
+"""A hundred-odd requests of the soak benchmark's mix through the shared tiny-model server: every one ends
 as intended, and afterwards nothing runs or waits and the KV cache is empty again."""
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from benchmarks.soak import soak
 
-NUM_REQUESTS = 160
+pytestmark = pytest.mark.slow
+
+NUM_REQUESTS = 120
 
 
 def test_soak_mix_leaves_nothing_behind(tiny_server):
