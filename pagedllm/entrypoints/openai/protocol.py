@@ -67,7 +67,7 @@ class SamplingFields(OpenAIBaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: Optional[Annotated[dict[str, float], Field(max_length=MAX_LIST)]] = None
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: int = Field(default=1, le=MAX_N)  # below 1: SamplingParams' own (vLLM's) error
     seed: Optional[Int64] = None
     stop: Optional[Union[str, Annotated[list[str], Field(max_length=MAX_LIST)]]] = None
     stream: bool = False
@@ -77,7 +77,7 @@ class SamplingFields(OpenAIBaseModel):
     user: Optional[ShortStr] = None
     response_format: Optional[ResponseFormat] = None
     # vLLM's extras
-    best_of: Optional[int] = Field(default=None, ge=1, le=MAX_N)
+    best_of: Optional[int] = Field(default=None, le=MAX_N)
     top_k: Optional[Annotated[int, Field(ge=-1, le=INT64_MAX)]] = None
     min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
