@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any, AsyncIterator, Awaitable, Optional
@@ -20,12 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedllm import __version__
 from pagedllm.config import AsyncEngineArgs
 from pagedllm.engine.async_engine import AsyncEngineDeadError, AsyncLLMEngine
 from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected, error_response
+from pagedllm.entrypoints.openai.guard import GuardMiddleware
 from pagedllm.entrypoints.openai.limits import Admission, PromptLimit
 from pagedllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                                   CompletionResponse, DetokenizeRequest, DetokenizeResponse,
@@ -40,47 +39,6 @@ logger = logging.getLogger(__name__)
 # One thread: a fast tokenizer sets its truncation state per call and refuses concurrent use ("Already
 # borrowed"); the point of the thread is to keep the event loop free.
 _TOKENIZER_THREADS = 1
-
-
-class GuardMiddleware:
-    """Checks the API key on /v1 routes and caps the request body size, before any route runs."""
-
-    def __init__(self, app: ASGIApp, api_key: Optional[str], max_body_bytes: int) -> None:
-        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        path = scope["path"]
-        root = scope.get("root_path") or ""
-        if root and path.startswith(root):
-            path = path[len(root):]
-        if self.api_key and path.startswith("/v1") and scope["method"] != "OPTIONS":
-            given = headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                response = error_response("Invalid or missing API key.", HTTPStatus.UNAUTHORIZED)
-                return await response(scope, receive, send)
-        length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
-            response = error_response(f"The request body exceeds {self.max_body_bytes} bytes.",
-                                      HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
-            return await response(scope, receive, send)
-        await self.app(scope, self._capped(receive), send)
-
-    def _capped(self, receive: Receive) -> Receive:
-        received = 0
-
-        async def capped_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_body_bytes:  # a body sent without Content-Length
-                raise HTTPException(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                    f"The request body exceeds {self.max_body_bytes} bytes.")
-            return message
-
-        return capped_receive
 
 
 _REQUEST_FIELDS = frozenset(CompletionRequest.model_fields) | frozenset(ChatCompletionRequest.model_fields)
