@@ -1,28 +1,53 @@
 """AsyncLLMEngine: an LLMEngine behind asyncio, stepped by a background task while there is work.
 
-The engine itself is not thread-safe, so every touch of it (adding, aborting, stepping) happens under one
-asyncio lock; the blocking `step()` runs in a one-thread executor so the event loop keeps serving clients
-while the model computes. Each request has a queue its `generate()` consumer reads from.
+The engine itself is not thread-safe, so only the one step thread touches it. The event loop never waits
+for a step: `generate()` and `abort()` queue a command that the step thread applies before its next step,
+and a request the engine refuses ends its stream with the error. Each request has a queue its `generate()`
+consumer reads from.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncGenerator, Iterable, Mapping, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Iterable, Mapping, NamedTuple, Optional, Union
 
 from pagedllm.config import AsyncEngineArgs, ModelConfig
 from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestStreams, stream_outputs
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine"]
 
-class AsyncEngineDeadError(RuntimeError):
-    """The background loop failed; the engine accepts no more requests."""
+
+@dataclass
+class _Add:
+    request_id: str
+    prompt: PromptType
+    params: SamplingParams
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class _Abort:
+    request_ids: list[str]
+    done: Optional[asyncio.Future] = field(default=None, repr=False)
+
+
+class _Turn(NamedTuple):
+    """What one turn of the step thread did: its outputs, the requests it refused, the aborts it applied."""
+
+    outputs: list[RequestOutput]
+    rejected: list[tuple[str, Exception]]
+    aborts: list[_Abort]
+    idle: bool
 
 
 class AsyncLLMEngine:
@@ -32,11 +57,10 @@ class AsyncLLMEngine:
         self.engine = engine
         self.log_requests = log_requests
         self.start_engine_loop = start_engine_loop
-        self._streams: dict[str, asyncio.Queue] = {}
-        self._pending_aborts: set[str] = set()
+        self._streams = RequestStreams()
+        self._commands: collections.deque[Union[_Add, _Abort]] = collections.deque()  # appends are thread-safe
         self._step_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedllm-step")
         self._loop_task: Optional[asyncio.Task] = None
-        self._lock: Optional[asyncio.Lock] = None
         self._has_work: Optional[asyncio.Event] = None
         self._dead_error: Optional[AsyncEngineDeadError] = None
 
@@ -74,6 +98,9 @@ class AsyncLLMEngine:
     async def get_model_config(self) -> ModelConfig:
         return self.engine.get_model_config()
 
+    async def get_scheduler_config(self) -> Any:
+        return self.engine.get_scheduler_config()
+
     async def get_default_sampling_params(self) -> SamplingParams:
         return self.engine.get_default_sampling_params()
 
@@ -97,8 +124,7 @@ class AsyncLLMEngine:
             raise self._dead_error
         if self.is_running:
             raise RuntimeError("Background loop is already running.")
-        # Locks and events belong to one event loop; a new loop gets new ones.
-        self._lock, self._has_work = asyncio.Lock(), asyncio.Event()
+        self._has_work = asyncio.Event()  # events belong to one event loop; a new loop gets a new one
         self._loop_task = asyncio.get_running_loop().create_task(self._run_loop(), name="pagedllm-engine-loop")
 
     def shutdown_background_loop(self) -> None:
@@ -106,31 +132,55 @@ class AsyncLLMEngine:
             self._loop_task.cancel()
             self._loop_task = None
 
+    def shutdown(self) -> None:
+        self.shutdown_background_loop()
+
     async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                outputs = await self._step_once()
-                if outputs is None:
+                self._has_work.clear()  # a command queued from now on sets it again
+                turn = await loop.run_in_executor(self._step_thread, self._engine_turn)
+                self._deliver(turn)
+                if turn.idle:
                     await self._has_work.wait()
-                    continue
-                for output in outputs:
-                    queue = self._streams.get(output.request_id)
-                    if queue is not None:
-                        queue.put_nowait(output)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the engine's state is unknown now: fail everything in flight
             self._fail_all(error)
 
-    async def _step_once(self) -> Optional[list[RequestOutput]]:
-        """One engine step after applying pending aborts; None (and idle) when there is nothing to run."""
-        async with self._lock:
-            self._apply_aborts(self._pending_aborts)
-            self._pending_aborts = set()
-            if not self.engine.has_unfinished_requests():
-                self._has_work.clear()
-                return None
-            return await asyncio.get_running_loop().run_in_executor(self._step_thread, self.engine.step)
+    def _engine_turn(self) -> _Turn:
+        """In the step thread: apply the queued commands, then step once if there is work."""
+        rejected: list[tuple[str, Exception]] = []
+        aborts: list[_Abort] = []
+        while self._commands:
+            command = self._commands.popleft()
+            if isinstance(command, _Abort):
+                self.engine.abort_request(command.request_ids)
+                aborts.append(command)
+                continue
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params, **command.kwargs)
+            except Exception as error:  # a request the engine refuses fails alone
+                rejected.append((command.request_id, error))
+        if aborts:
+            self.engine.do_log_stats()  # the loop may go idle now: let the gauges see the aborts
+        if not self.engine.has_unfinished_requests():
+            return _Turn([], rejected, aborts, idle=True)
+        return _Turn(self.engine.step(), rejected, aborts, idle=False)
+
+    def _deliver(self, turn: _Turn) -> None:
+        for request_id, error in turn.rejected:
+            self._streams.put(request_id, error)
+        for abort in turn.aborts:
+            for request_id in abort.request_ids:
+                self._streams.put(request_id, asyncio.CancelledError(f"Request {request_id} was aborted."))
+                if self.log_requests:
+                    logger.info("Aborted request %s.", request_id)
+            if abort.done is not None and not abort.done.done():
+                abort.done.set_result(None)
+        for output in turn.outputs:
+            self._streams.put(output.request_id, output)
 
     def _fail_all(self, error: Exception) -> None:
         logger.error("Engine loop failed; failing %d request(s) in flight.", len(self._streams), exc_info=error)
@@ -139,21 +189,12 @@ class AsyncLLMEngine:
             "requests; restart it.")
         dead.__cause__ = error
         self._dead_error = dead
-        for queue in self._streams.values():
-            queue.put_nowait(dead)
+        self._streams.fail_all(dead)
 
-    def _apply_aborts(self, request_ids: Iterable[str]) -> None:
-        ids = list(request_ids)
-        if not ids:
-            return
-        self.engine.abort_request(ids)
-        self.engine.do_log_stats()  # the loop may go idle now: let the gauges see the aborts
-        for request_id in ids:
-            queue = self._streams.get(request_id)
-            if queue is not None:
-                queue.put_nowait(asyncio.CancelledError(f"Request {request_id} was aborted."))
-            if self.log_requests:
-                logger.info("Aborted request %s.", request_id)
+    def _submit(self, command: Union[_Add, _Abort]) -> None:
+        self._commands.append(command)
+        if self._has_work is not None:
+            self._has_work.set()
 
     # --- requests -----------------------------------------------------------------------------------------
 
@@ -161,56 +202,33 @@ class AsyncLLMEngine:
                        lora_request: Any = None, trace_headers: Optional[Mapping[str, str]] = None,
                        priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs as its output kind asks; a bad request raises before the first."""
-        queue = await self._add_request(request_id, prompt, sampling_params, lora_request, trace_headers,
-                                        priority)
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-        except (asyncio.CancelledError, GeneratorExit):
-            if not finished:
-                self._abort_soon(request_id)
-            raise
-        finally:
-            self._streams.pop(request_id, None)
-
-    async def _add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                           lora_request: Any, trace_headers: Optional[Mapping[str, str]],
-                           priority: int) -> asyncio.Queue:
         if self._dead_error is not None:
             raise self._dead_error
         if not self.is_running:
             if not self.start_engine_loop:
                 raise RuntimeError("Background loop is not running. Call start_background_loop() first.")
             self.start_background_loop()
-        async with self._lock:
-            if request_id in self._streams:
-                raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
-            self.engine.add_request(request_id, prompt, params, lora_request=lora_request,
-                                    trace_headers=trace_headers, priority=priority)
-            queue = self._streams[request_id] = asyncio.Queue()
-        self._has_work.set()
-        if self.log_requests:
-            logger.info("Added request %s.", request_id)
-        return queue
+        queue = self._streams.open(request_id)
+        try:
+            self._submit(_Add(request_id, prompt, sampling_params,
+                              dict(lora_request=lora_request, trace_headers=trace_headers, priority=priority)))
+            if self.log_requests:
+                logger.info("Added request %s.", request_id)
+            async for output in stream_outputs(queue, request_id, self._abort_soon):
+                yield output
+        finally:
+            self._streams.close(request_id)
 
     def _abort_soon(self, request_id: str) -> None:
-        """Abort from a context that cannot wait (a cancelled consumer): the loop applies it before its next
-        step."""
-        self._pending_aborts.add(request_id)
-        if self._has_work is not None:
-            self._has_work.set()
+        """Abort from a context that cannot wait (a cancelled consumer)."""
+        self._submit(_Abort([request_id]))
 
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
-        """Abort requests now; their consumers get CancelledError and their blocks are freed."""
+        """Abort requests; returns once the engine has dropped them (their consumers get CancelledError)."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        if self._lock is None:
+        if not self.is_running:
             self.engine.abort_request(ids)
             return
-        async with self._lock:
-            self._apply_aborts(ids)
+        done = asyncio.get_running_loop().create_future()
+        self._submit(_Abort(ids, done))
+        await done

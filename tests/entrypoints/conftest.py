@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -18,6 +19,7 @@ MAX_BODY_BYTES = 256 * 1024
 class RunningServer:
     url: str  # without /v1
     log_path: Path  # the server's stderr and stdout
+    process: subprocess.Popen
     api_key: str = API_KEY
     max_body_bytes: int = MAX_BODY_BYTES
 
@@ -30,8 +32,8 @@ def running_server(log_dir: Path, args: list[str], env: Optional[dict[str, str]]
                    ) -> Iterator[RunningServer]:
     """A `pagedllm serve` process with `args`, logging to `log_dir`, healthy until the block ends."""
     log_path = log_dir / "server.log"
-    with launch.launch_server(args, log_path, env) as url:
-        yield RunningServer(url, log_path)
+    with launch.launch_server_process(args, log_path, env) as (url, process):
+        yield RunningServer(url, log_path, process)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,16 @@ def server(tmp_path_factory) -> Iterator[RunningServer]:
     with running_server(tmp_path_factory.mktemp("server"),
                         ["--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY_BYTES),
                          "--num-gpu-blocks-override", "1024"]) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory, tiny_model_dir) -> Iterator[RunningServer]:
+    """The tiny model behind the default server (engine in its own process), shared by the robustness tests:
+    a short context keeps every generation cheap."""
+    with running_server(tmp_path_factory.mktemp("tiny-server"),
+                        [tiny_model_dir, "--api-key", API_KEY, "--max-request-body-bytes", str(MAX_BODY_BYTES),
+                         "--max-model-len", "128", "--num-gpu-blocks-override", "128"]) as running:
         yield running
 
 

@@ -64,6 +64,14 @@ def launch_server(args: list[str], log_path: Optional[Path] = None, env: Optiona
     Uvicorn logs warnings only unless `args` says otherwise. The server's stdout and stderr go to
     `log_path`, or to this process's own when it is None. `env` adds to this process's environment.
     """
+    with launch_server_process(args, log_path, env, timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def launch_server_process(args: list[str], log_path: Optional[Path] = None, env: Optional[dict[str, str]] = None,
+                          timeout: float = 300.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """As launch_server, yielding the server's process too (for tests that signal it)."""
     port = free_port()
     command = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--host", HOST, "--port", str(port),
                "--uvicorn-log-level", "warning", *args]
@@ -74,6 +82,7 @@ def launch_server(args: list[str], log_path: Optional[Path] = None, env: Optiona
     url = f"http://{HOST}:{port}"
     try:
         wait_healthy(url, process, timeout, log_path)
-        yield url
+        yield url, process
     finally:
-        _stop(process)
+        if process.poll() is None:
+            _stop(process)

@@ -1,11 +1,28 @@
-"""The OpenAI API's request and response bodies (with vLLM's extra request fields), as pydantic models."""
+"""The OpenAI API's request and response bodies (with vLLM's extra request fields), as pydantic models.
+
+Every request field is range-checked here, before anything reaches the engine: integers the engine stores
+fit in int64 (the seed as vLLM bounds it), floats are finite, and lists and strings have bounded lengths.
+"""
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_N = 128  # choices per prompt, as OpenAI allows
+MAX_LIST = 1024  # stop strings, stop ids, bad words, guided choices, tools, messages' content parts
+MAX_PROMPTS = 256  # prompts in one completion request
+MAX_ID_CHARS = 256  # request ids, model and user names
+MAX_MESSAGES = 4096  # messages in one conversation
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+TokenId = Annotated[int, Field(ge=0, le=INT64_MAX)]
+TokenIds = Annotated[list[TokenId], Field(max_length=MAX_LIST)]
+ShortStr = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 
 
 def random_id() -> str:
@@ -18,7 +35,8 @@ def unix_time() -> int:
 
 class OpenAIBaseModel(BaseModel):
     # Unknown fields are accepted and ignored, as OpenAI clients send fields this server does not know.
-    model_config = ConfigDict(extra="allow")
+    # NaN and infinities (which Python's JSON parser accepts) would reach the sampler as they are.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class ErrorInfo(OpenAIBaseModel):
@@ -45,67 +63,68 @@ class ResponseFormat(OpenAIBaseModel):
 class SamplingFields(OpenAIBaseModel):
     """The fields completions and chat share: OpenAI's, then vLLM's extras."""
 
-    model: Optional[str] = None
+    model: Optional[ShortStr] = None
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: Optional[dict[str, float]] = None
-    n: int = 1
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    logit_bias: Optional[Annotated[dict[str, float], Field(max_length=MAX_LIST)]] = None
+    n: int = Field(default=1, le=MAX_N)  # below 1: SamplingParams' own (vLLM's) error
+    seed: Optional[Int64] = None
+    stop: Optional[Union[str, Annotated[list[str], Field(max_length=MAX_LIST)]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
-    user: Optional[str] = None
+    user: Optional[ShortStr] = None
     response_format: Optional[ResponseFormat] = None
     # vLLM's extras
-    best_of: Optional[int] = None
-    top_k: Optional[int] = None
+    best_of: Optional[int] = Field(default=None, le=MAX_N)
+    top_k: Optional[Annotated[int, Field(ge=-1, le=INT64_MAX)]] = None
     min_p: Optional[float] = None
     repetition_penalty: Optional[float] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[TokenIds] = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Count = 0
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    truncate_prompt_tokens: Optional[int] = Field(default=None, ge=1)
-    prompt_logprobs: Optional[int] = None
-    allowed_token_ids: Optional[list[int]] = None
-    bad_words: Optional[list[str]] = None
+    truncate_prompt_tokens: Optional[int] = Field(default=None, ge=1, le=INT64_MAX)
+    prompt_logprobs: Optional[Count] = None
+    allowed_token_ids: Optional[TokenIds] = None
+    bad_words: Optional[Annotated[list[str], Field(max_length=MAX_LIST)]] = None
     guided_json: Optional[Union[str, dict[str, Any]]] = None
     guided_regex: Optional[str] = None
-    guided_choice: Optional[list[str]] = None
+    guided_choice: Optional[Annotated[list[str], Field(max_length=MAX_LIST)]] = None
     guided_grammar: Optional[str] = None
-    guided_decoding_backend: Optional[str] = None
+    guided_decoding_backend: Optional[ShortStr] = None
     guided_whitespace_pattern: Optional[str] = None
-    priority: int = 0
-    request_id: str = Field(default_factory=random_id)
+    priority: Int64 = 0
+    request_id: ShortStr = Field(default_factory=random_id)
     return_tokens_as_token_ids: bool = False
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[list[int], list[list[int]], str, list[str]]
+    prompt: Union[str, Annotated[list[str], Field(max_length=MAX_PROMPTS)], list[TokenId],
+                  Annotated[list[list[TokenId]], Field(max_length=MAX_PROMPTS)]]
     echo: bool = False
-    logprobs: Optional[int] = None
-    max_tokens: Optional[int] = 16
+    logprobs: Optional[Count] = None
+    max_tokens: Optional[int] = Field(default=16, ge=1, le=INT64_MAX)
     suffix: Optional[str] = None
     add_special_tokens: bool = True
 
 
 class ChatMessage(OpenAIBaseModel):
-    role: str
-    content: Optional[Union[str, list[dict[str, Any]]]] = None
-    name: Optional[str] = None
+    role: ShortStr
+    content: Optional[Union[str, Annotated[list[dict[str, Any]], Field(max_length=MAX_LIST)]]] = None
+    name: Optional[ShortStr] = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     logprobs: bool = False
-    top_logprobs: Optional[int] = 0
-    max_tokens: Optional[int] = None
-    max_completion_tokens: Optional[int] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    top_logprobs: Optional[Count] = 0
+    max_tokens: Optional[int] = Field(default=None, ge=1, le=INT64_MAX)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=INT64_MAX)
+    tools: Optional[Annotated[list[dict[str, Any]], Field(max_length=MAX_LIST)]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = "none"
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -223,9 +242,9 @@ class ModelList(OpenAIBaseModel):
 
 
 class TokenizeRequest(OpenAIBaseModel):
-    model: Optional[str] = None
+    model: Optional[ShortStr] = None
     prompt: Optional[str] = None
-    messages: Optional[list[ChatMessage]] = None
+    messages: Optional[Annotated[list[ChatMessage], Field(max_length=MAX_MESSAGES)]] = None
     add_special_tokens: Optional[bool] = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -240,8 +259,8 @@ class TokenizeResponse(OpenAIBaseModel):
 
 
 class DetokenizeRequest(OpenAIBaseModel):
-    model: Optional[str] = None
-    tokens: list[int]
+    model: Optional[ShortStr] = None
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(OpenAIBaseModel):

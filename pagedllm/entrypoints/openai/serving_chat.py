@@ -14,7 +14,6 @@ from pagedllm.entrypoints.openai.protocol import (AssistantMessage, ChatChoice, 
 from pagedllm.entrypoints.openai.sampling import to_sampling_params
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.sse import event_stream, start_stream
-from pagedllm.entrypoints.openai.streams import until_disconnected
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -24,9 +23,11 @@ class OpenAIServingChat(OpenAIServing):
         top = request.top_logprobs or 0
         if top and not request.logprobs:
             raise APIError("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-        text = self.render_chat(request.messages, request.add_generation_prompt, request.continue_final_message,
-                                request.chat_template, request.tools, request.chat_template_kwargs)
-        prompt = self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens)
+        self.check_token_ids(request.stop_token_ids, "stop_token_ids")
+        text = await self.render_chat(request.messages, request.add_generation_prompt,
+                                      request.continue_final_message, request.chat_template, request.tools,
+                                      request.chat_template_kwargs)
+        prompt = await self.tokenize(text, request.add_special_tokens, request.truncate_prompt_tokens, "messages")
         num_prompt_tokens = len(prompt["prompt_token_ids"])
         max_tokens = self.max_tokens(num_prompt_tokens, request.max_completion_tokens or request.max_tokens)
         params = to_sampling_params(request, self.default_params, max_tokens, top if request.logprobs else None,
@@ -34,7 +35,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id = f"chatcmpl-{request.request_id}"
         stream = self.engine.generate(prompt, params, request_id, priority=request.priority,
                                       trace_headers=self.trace_headers(raw_request))
-        outputs = until_disconnected(stream, raw_request)
+        outputs = self.outputs(stream, raw_request, max(request.n, request.best_of or 1))
         name = TokenNamer(self.tokenizer, request.return_tokens_as_token_ids)
         if request.stream:
             chunks = _ChunkBuilder(request_id, model, request, name, num_prompt_tokens)

@@ -14,7 +14,7 @@ from pagedllm.entrypoints.openai.protocol import (CompletionChoice, CompletionCh
 from pagedllm.entrypoints.openai.sampling import to_sampling_params
 from pagedllm.entrypoints.openai.serving_engine import OpenAIServing
 from pagedllm.entrypoints.openai.sse import event_stream, prompt_logprobs_json, start_stream
-from pagedllm.entrypoints.openai.streams import merge_async_iterators, until_disconnected
+from pagedllm.entrypoints.openai.streams import merge_async_iterators
 from pagedllm.inputs import TokensPrompt
 from pagedllm.outputs import CompletionOutput, RequestOutput
 
@@ -32,7 +32,8 @@ class OpenAIServingCompletion(OpenAIServing):
         model = self.model_name(request.model)
         if request.suffix is not None:
             raise APIError("suffix is not currently supported", param="suffix")
-        prompts = [self.tokenize(p, request.add_special_tokens, request.truncate_prompt_tokens)
+        self.check_token_ids(request.stop_token_ids, "stop_token_ids")
+        prompts = [await self.tokenize(p, request.add_special_tokens, request.truncate_prompt_tokens)
                    for p in _prompt_list(request.prompt)]
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
@@ -44,7 +45,8 @@ class OpenAIServingCompletion(OpenAIServing):
             params = to_sampling_params(request, self.default_params, max_tokens, request.logprobs, prompt_logprobs)
             streams.append(self.engine.generate(prompt, params, f"{request_id}-{i}", priority=request.priority,
                                                 trace_headers=self.trace_headers(raw_request)))
-        outputs = until_disconnected(merge_async_iterators(*streams), raw_request)
+        samples = max(request.n, request.best_of or 1)
+        outputs = self.outputs(merge_async_iterators(*streams), raw_request, len(prompts) * samples)
         builder = _ChoiceBuilder(request, prompts, TokenNamer(self.tokenizer, request.return_tokens_as_token_ids),
                                  self.tokenizer)
         if request.stream:

@@ -6,11 +6,13 @@ consumer aborts its request, so a client that goes away frees its requests withi
 from __future__ import annotations
 
 import asyncio
+import time
+from http import HTTPStatus
 from typing import AsyncIterator, Optional, TypeVar
 
 from starlette.requests import Request
 
-from pagedllm.entrypoints.openai.errors import ClientDisconnected
+from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected
 
 T = TypeVar("T")
 _DONE = object()
@@ -51,16 +53,23 @@ async def _client_gone(raw_request: Request) -> None:
         pass
 
 
-async def until_disconnected(stream: AsyncIterator[T], raw_request: Request) -> AsyncIterator[T]:
-    """Yield from `stream` until it ends; raise ClientDisconnected (cancelling `stream`) if the client leaves."""
+async def until_disconnected(stream: AsyncIterator[T], raw_request: Request,
+                             timeout: Optional[float] = None) -> AsyncIterator[T]:
+    """Yield from `stream` until it ends; raise ClientDisconnected if the client leaves, or a 504 APIError
+    once `timeout` seconds have passed (either way cancelling `stream`)."""
     gone = asyncio.ensure_future(_client_gone(raw_request))
+    deadline = None if timeout is None else time.monotonic() + timeout
     pending: Optional[asyncio.Future] = None
     try:
         while True:
             pending = asyncio.ensure_future(stream.__anext__())
-            await asyncio.wait({pending, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not pending.done():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.wait({pending, gone}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if gone.done():
                 raise ClientDisconnected()
+            if not pending.done():
+                raise APIError(f"The request did not finish within the server's timeout of {timeout} s.",
+                               HTTPStatus.GATEWAY_TIMEOUT)
             try:
                 item = pending.result()
             except StopAsyncIteration:

@@ -1,0 +1,1 @@
+"""The engine in its own process behind the HTTP server, as vLLM's MQLLMEngine does for V0."""
