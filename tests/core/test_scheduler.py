@@ -83,7 +83,8 @@ def test_recompute_preempts_the_newest_and_requeues_it_first():
 
 def test_swap_moves_blocks_out_and_back_in_separate_steps():
     scheduler = make_scheduler(num_blocks=4, mode="swap", num_swap_blocks=8)
-    a, b = add(scheduler, "a", 8), add(scheduler, "b", 8)
+    add(scheduler, "a", 8)
+    b = add(scheduler, "b", 8)
     step(scheduler)
     b_blocks = list(b.block_ids)
     out = step(scheduler)
@@ -130,7 +131,7 @@ def test_priority_preempts_a_worse_running_request_for_a_better_one():
     scheduler = make_scheduler(num_blocks=4, policy="priority")
     low = add(scheduler, "low", 12, max_tokens=8, priority=5)
     step(scheduler)
-    high = add(scheduler, "high", 8, priority=0)
+    add(scheduler, "high", 8, priority=0)
     out = step(scheduler)
     assert out.preempted_req_ids == ["low"] and plan(out) == [("high", 8)]
     assert list(scheduler.waiting) == [low]
