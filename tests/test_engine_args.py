@@ -67,7 +67,7 @@ WORKS = {
     "max_model_len": (256, lambda c: c.model_config.max_model_len == 256),
     "distributed_executor_backend": ("uni", lambda c: c.parallel_config.distributed_executor_backend == "uni"),
     "pipeline_parallel_size": (2, lambda c: c.parallel_config.pipeline_parallel_size == 2),
-    "tensor_parallel_size": (2, lambda c: c.parallel_config.tensor_parallel_size == 2),
+    "tensor_parallel_size": (3, lambda c: c.parallel_config.tensor_parallel_size == 3),
     "block_size": (32, lambda c: c.cache_config.block_size == 32),
     "enable_prefix_caching": (False, lambda c: not c.cache_config.enable_prefix_caching),
     "swap_space": (1, lambda c: c.cache_config.swap_space == 1),

@@ -109,7 +109,8 @@ def _layout(layer: MergedLinear) -> tuple[str, tuple[int, int]]:
 
 @pytest.mark.slow
 def test_loader_lays_each_layer_out_as_chosen(tiny_model_dir):
-    model = LLM(tiny_model_dir, num_gpu_blocks_override=16).llm_engine.model_executor.worker.model_runner.model
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=16)  # held: the engine stops its worker when collected
+    model = llm.llm_engine.model_executor.worker.model_runner.model
     layouts = [_layout(m) for m in model.modules() if isinstance(m, MergedLinear)]
     choices = choose_backends(shape for _, shape in layouts)  # this machine's choice, cached by the load
     assert layouts == [(choices[shape], shape) for _, shape in layouts]

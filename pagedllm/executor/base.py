@@ -38,13 +38,13 @@ class ExecutorBase(ABC):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step on the workers and wait for its output."""
-        return self.execute_model_async(scheduler_output)()
+        return self.collective_rpc("execute_model", args=(scheduler_output,))[self.output_rank]
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Callable[[], ModelRunnerOutput]:
         """Start one step on the workers; the returned function waits for its output. The engine starts a
         step for each virtual engine before it waits for any, so that pipeline stages work on different
-        batches at once; executors that cannot send without waiting run the step here."""
-        output = self.collective_rpc("execute_model", args=(scheduler_output,))[self.output_rank]
+        batches at once; executors that cannot send without waiting (this default) run the step here."""
+        output = self.execute_model(scheduler_output)
         return lambda: output
 
     def determine_num_available_blocks(self) -> int:

@@ -16,7 +16,7 @@ def test_failed_engine_loop_reports_503_and_unhealthy(tiny_model_dir):
     args = add_server_args(argparse.ArgumentParser()).parse_args([])
     executor = engine.engine.model_executor
 
-    def lost_worker(scheduler_output):  # the engine starts each step with execute_model_async
+    def lost_worker(scheduler_output):
         raise RuntimeError("worker lost")
 
     async def run():
@@ -25,7 +25,7 @@ def test_failed_engine_loop_reports_503_and_unhealthy(tiny_model_dir):
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             healthy = await client.get("/health")
             ok = await client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
-            executor.execute_model_async = lost_worker
+            executor.execute_model = lost_worker
             failed = await client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3})
             health = await client.get("/health")
         return healthy, ok, failed, health
