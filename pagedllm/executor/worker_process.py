@@ -10,7 +10,6 @@ when its parent process is gone.
 """
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import signal
@@ -24,8 +23,6 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Optional
 
 import cloudpickle
-
-logger = logging.getLogger(__name__)
 
 SHUTDOWN = b"shutdown"
 # How often a worker checks that the process that started it is still alive.
