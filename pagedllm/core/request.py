@@ -35,7 +35,27 @@ _FINISH_REASONS = {
 }
 
 
-class Request:
+class TokenCounts:
+    """The counts of a request's token lists, for the scheduler's Request and the workers' copy of it."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    all_token_ids: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+class Request(TokenCounts):
     """A request's tokens (prompt then outputs) of which the first `num_computed_tokens` have K/V in
     the cache, in the blocks of `block_ids`; each step the scheduler assigns some of the rest."""
 
@@ -63,18 +83,6 @@ class Request:
         self.num_tokens_sent = 0
         self.num_blocks_sent = 0
         self.stop_reason: Any = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
     @property
     def is_finished(self) -> bool:

@@ -49,7 +49,9 @@ class LLMEngine(EngineCompatMixin):
         logger.info("KV cache: %d blocks of %d tokens (%d tokens). Engine ready in %.1f s.", num_blocks,
                     block_size, num_blocks * block_size, time.perf_counter() - start)
         # One scheduler per virtual engine: with pipeline parallelism each keeps a batch in flight.
-        self.schedulers = [Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks), virtual_engine)
+        num_swap_blocks = self._num_swap_blocks()
+        self.schedulers = [Scheduler(config.scheduler_config, self._kv_cache_manager(num_blocks, num_swap_blocks),
+                                     virtual_engine)
                            for virtual_engine in range(config.parallel_config.pipeline_parallel_size)]
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
         self.requests: dict[str, RequestState] = {}  # every unfinished request's record, by engine id
@@ -58,12 +60,16 @@ class LLMEngine(EngineCompatMixin):
         self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
         self._init_observability(num_blocks, stat_loggers)
 
-    def _kv_cache_manager(self, num_blocks: int) -> KVCacheManager:
-        cache, scheduler = self.config.cache_config, self.config.scheduler_config
+    def _num_swap_blocks(self) -> int:
+        """Host blocks for swapped-out requests that every worker has room for."""
         num_swap_blocks = min(self.model_executor.collective_rpc("num_swap_blocks"))
-        if scheduler.preemption_mode == "swap" and num_swap_blocks < 1:
-            raise ValueError(f"swap_space ({cache.swap_space} GiB) holds no KV cache block; raise swap_space "
-                             "or use preemption_mode='recompute'.")
+        if self.config.scheduler_config.preemption_mode == "swap" and num_swap_blocks < 1:
+            raise ValueError(f"swap_space ({self.config.cache_config.swap_space} GiB) holds no KV cache block; "
+                             "raise swap_space or use preemption_mode='recompute'.")
+        return num_swap_blocks
+
+    def _kv_cache_manager(self, num_blocks: int, num_swap_blocks: int) -> KVCacheManager:
+        cache, scheduler = self.config.cache_config, self.config.scheduler_config
         return KVCacheManager(num_blocks, cache.block_size, scheduler.watermark,
                               enable_caching=cache.enable_prefix_caching, num_swap_blocks=num_swap_blocks)
 

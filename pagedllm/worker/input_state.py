@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from pagedllm.core.request import TokenCounts
 from pagedllm.core.scheduler_output import NewRequestData, SchedulerOutput
 from pagedllm.sampling_params import SamplingParams
 
 
-class WorkerRequest:
+class WorkerRequest(TokenCounts):
     """What a worker knows of a request: its tokens, blocks and computed count (the names the batch layout
     and the sampler read, as on the engine's Request)."""
 
@@ -21,18 +22,6 @@ class WorkerRequest:
         self.block_ids: list[int] = data.block_ids
         self.num_computed_tokens = data.num_computed_tokens
         self.lora_request: Any = data.lora_request
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
 
 class InputState:
