@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from pagedllm.config_compat import CompatArgs, check_unsupported
+from pagedllm.spec_decode.config import SpeculativeConfig, check_draft_vocabulary, parse_speculative_config
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,11 @@ class SchedulerConfig:
     policy: str
     num_scheduler_steps: int
     watermark: float = 0.01
+    # Speculative decoding (pagedllm/spec_decode): proposed tokens verified per step, KV slots reserved past
+    # them for a draft model, and the running batch from which speculation is off.
+    num_speculative_tokens: int = 0
+    num_lookahead_slots: int = 0
+    speculative_disable_by_batch_size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class EngineConfig:
     device_config: DeviceConfig
     observability_config: ObservabilityConfig
     lora_config: Optional[dict] = None
-    speculative_config: Optional[dict] = None
+    speculative_config: Optional[SpeculativeConfig] = None
 
 
 _HELP = {
@@ -121,6 +127,7 @@ _HELP = {
     "distributed_executor_backend": "How the model runs: 'uni' (in process), 'mp' or 'ray'.",
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes (default: on).",
     "enable_chunked_prefill": "Split long prefills into chunks within the token budget.",
+    "speculative_config": "Speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'.",
     "enforce_eager": "Run every step through the model's Python code: no CPU graphs for small decode batches.",
 }
 
@@ -239,6 +246,12 @@ class EngineArgs(CompatArgs):
         if self.preemption_mode == "swap" and self.swap_space == 0:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
                              "blocks).")
+        speculative = parse_speculative_config(self.speculative_config, self.model)
+        if speculative is not None:
+            check_draft_vocabulary(speculative, source.hf_config)
+            if self.enable_prompt_embeds:
+                raise ValueError("speculative_config does not work with enable_prompt_embeds: proposals need "
+                                 "the prompt's token ids.")
         cache_config = CacheConfig(
             block_size=block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
@@ -246,15 +259,16 @@ class EngineArgs(CompatArgs):
             enable_prefix_caching=self.enable_prefix_caching is not False)
         return EngineConfig(
             model_config=model_config, cache_config=cache_config,
-            scheduler_config=self._scheduler_config(max_model_len),
+            scheduler_config=self._scheduler_config(max_model_len, speculative),
             parallel_config=self._parallel_config(source.hf_config), device_config=DeviceConfig(device),
             observability_config=ObservabilityConfig(self.otlp_traces_endpoint, self.collect_detailed_traces,
                                                      self.disable_log_stats),
             lora_config=({"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
                           "max_cpu_loras": self.max_cpu_loras or self.max_loras} if self.enable_lora else None),
-            speculative_config=self.speculative_config)
+            speculative_config=speculative)
 
-    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+    def _scheduler_config(self, max_model_len: int, speculative: Optional[SpeculativeConfig] = None
+                          ) -> SchedulerConfig:
         chunked = bool(self.enable_chunked_prefill)
         max_num_seqs = self.max_num_seqs if self.max_num_seqs is not None else 256
         budget = self.max_num_batched_tokens
@@ -277,7 +291,10 @@ class EngineArgs(CompatArgs):
         return SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, preemption_mode=self.preemption_mode, policy=self.scheduling_policy,
-            num_scheduler_steps=self.num_scheduler_steps)
+            num_scheduler_steps=self.num_scheduler_steps,
+            num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
+            num_lookahead_slots=speculative.num_lookahead_slots if speculative else 0,
+            speculative_disable_by_batch_size=speculative.disable_by_batch_size if speculative else None)
 
     def _parallel_config(self, hf_config: Any) -> ParallelConfig:
         from pagedllm.distributed.partition import verify_parallel_sizes

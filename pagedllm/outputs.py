@@ -35,6 +35,9 @@ class RequestMetrics:
     scheduler_time: Optional[float] = None
     model_forward_time: Optional[float] = None
     model_execute_time: Optional[float] = None
+    # Speculative decoding: entry 0 counts the steps that verified proposals, entry i those that accepted at
+    # least i proposed tokens; None without speculative decoding.
+    spec_token_acceptance_counts: Optional[list[int]] = None
 
 
 @dataclass

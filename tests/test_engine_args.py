@@ -149,7 +149,6 @@ def test_an_unknown_task_lists_the_valid_ones():
 
 @pytest.mark.parametrize("name, value, reason", [
     ("enable_lora", True, "LoRA adapters are not applied yet"),
-    ("speculative_config", {"method": "ngram", "num_speculative_tokens": 2}, "speculative decoding"),
     ("task", "embed", "only text generation"),
     ("enable_sleep_mode", True, "sleep mode"),
     ("num_scheduler_steps", 4, "multi-step"),

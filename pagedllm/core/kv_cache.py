@@ -115,7 +115,8 @@ class KVCacheManager:
         """
         if not self._caches(request):
             return
-        hashes = self._block_hashes(request, num_tokens)
+        # Proposed tokens are computed but not yet the request's: their blocks are offered once accepted.
+        hashes = self._block_hashes(request, min(num_tokens, request.num_tokens))
         for i in range(self._num_hashed.get(request.request_id, 0), len(hashes)):
             self.pool.cache(self.pool.blocks[request.block_ids[i]], hashes[i], self._block_key(request, i))
         self._num_hashed[request.request_id] = len(hashes)
@@ -123,25 +124,26 @@ class KVCacheManager:
     # --- allocation ---------------------------------------------------------------------------------------
 
     def can_allocate(self, request: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT,
-                     reserve: bool = False) -> bool:
+                     reserve: bool = False, num_lookahead_tokens: int = 0) -> bool:
         """Whether `allocate_slots` would succeed; `reserve` keeps the watermark free (for admissions)."""
-        total = request.num_computed_tokens + hit.num_tokens + num_new_tokens
+        total = request.num_computed_tokens + hit.num_tokens + num_new_tokens + num_lookahead_tokens
         need = max(0, cdiv(total, self.block_size) - len(request.block_ids) - len(hit.block_ids))
         # Hit blocks that sit in the free queue stop being free once taken.
         free = self.num_free_blocks - sum(1 for b in hit.block_ids if self.pool.blocks[b].ref_cnt == 0)
         return need <= free - (self.watermark_blocks if reserve else 0)
 
     def allocate_slots(self, request: Request, num_new_tokens: int, hit: PrefixHit = NO_HIT,
-                       reserve: bool = False) -> bool:
-        """Give `request` the hit blocks plus room for `num_new_tokens` more tokens after its computed ones;
-        False (and no change) if there is no room."""
-        if not self.can_allocate(request, num_new_tokens, hit, reserve):
+                       reserve: bool = False, num_lookahead_tokens: int = 0) -> bool:
+        """Give `request` the hit blocks plus room for `num_new_tokens` more tokens after its computed ones
+        (and `num_lookahead_tokens` past them, which a draft model writes); False (and no change) if there is
+        no room."""
+        if not self.can_allocate(request, num_new_tokens, hit, reserve, num_lookahead_tokens):
             return False
         assert not (hit.block_ids and request.block_ids), "a prefix hit is only taken by a request without blocks"
         self.pool.touch(self._blocks(hit.block_ids))
         request.block_ids.extend(hit.block_ids)
         total = request.num_computed_tokens + hit.num_tokens + num_new_tokens
-        need = cdiv(total, self.block_size) - len(request.block_ids)
+        need = cdiv(total + num_lookahead_tokens, self.block_size) - len(request.block_ids)
         request.block_ids.extend(block.block_id for block in self.pool.allocate(max(0, need)))
         if hit.num_queried:
             self._record_lookup(hit)

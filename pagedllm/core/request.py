@@ -78,6 +78,7 @@ class Request(TokenCounts):
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first scheduling
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chain hashes of its full blocks, filled by the prefix cache
+        self.spec_token_ids: list[int] = []  # proposed next tokens, verified when next scheduled (spec_decode)
         self.status = RequestStatus.WAITING
         # What the workers hold of it (scheduler_output.py): none while 0, else this many tokens and blocks.
         self.num_tokens_sent = 0
@@ -91,6 +92,13 @@ class Request(TokenCounts):
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def pop_output_tokens(self, num_tokens: int) -> list[int]:
+        """Take back the newest output tokens (to check a step's several new tokens one at a time)."""
+        taken = self.output_token_ids[len(self.output_token_ids) - num_tokens:]
+        del self.output_token_ids[len(self.output_token_ids) - num_tokens:]
+        del self.all_token_ids[len(self.all_token_ids) - num_tokens:]
+        return taken
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "

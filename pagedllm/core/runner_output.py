@@ -13,8 +13,11 @@ class TokenLogprobs(NamedTuple):
 
 
 class ModelRunnerOutput(NamedTuple):
-    sampled_token_ids: dict[str, int]
-    logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
+    # The new tokens of each request that sampled: one, or with speculative decoding the accepted proposed
+    # tokens followed by the target's own token.
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, TokenLogprobs]  # one position per sampled token
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
+    draft_token_ids: dict[str, list[int]] = {}  # proposals to verify in the request's next step
 

@@ -3,7 +3,9 @@
 A request knows how many of its tokens exist and how many are computed; every step hands out tokens
 within a budget so that the second count catches up with the first. That covers chunked prefill (a long
 prompt takes several steps), prefix-cache hits (counted as computed on admission) and preemption by
-recompute (the count drops to zero).
+recompute (the count drops to zero). With speculative decoding a decoding request's proposed tokens are
+scheduled after its last one and verified in the same step; rejected ones are taken back from the computed
+count in `update_from_output`.
 
 One step, in order:
 1. Under the priority policy, running requests worse than the best waiting one are preempted while that
@@ -20,7 +22,7 @@ import bisect
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Optional
 
 from pagedllm.config import SchedulerConfig
 from pagedllm.core.kv_cache import KVCacheManager, PrefixHit
@@ -54,6 +56,7 @@ class Scheduler:
         self._priority = config.policy == "priority"
         self._swap = config.preemption_mode == "swap"
         self._finished_req_ids: set[str] = set()
+        self._speculate = False  # whether this step verifies and proposes tokens (spec_decode)
 
     def add_request(self, request: Request) -> None:
         self._enqueue(self.waiting, request)
@@ -83,6 +86,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = _Plan()
         budget = self.config.max_num_batched_tokens
+        limit = self.config.speculative_disable_by_batch_size
+        self._speculate = self.config.num_speculative_tokens > 0 and (limit is None or len(self.running) < limit)
         if self._priority:
             self._preempt_for_waiting(out, budget)
         num_preempted = len(out.preempted)
@@ -97,9 +102,12 @@ class Scheduler:
         """The plan as plain data for the workers: requests they do not hold whole, the others' changes."""
         out = SchedulerOutput(blocks_to_swap_out=plan.blocks_to_swap_out, blocks_to_swap_in=plan.blocks_to_swap_in,
                               preempted_req_ids=[r.request_id for r in plan.preempted],
-                              virtual_engine=self.virtual_engine)
+                              virtual_engine=self.virtual_engine,
+                              num_lookahead_tokens=self.config.num_speculative_tokens if self._speculate else 0)
         for request, num_new in plan.scheduled:
             out.num_scheduled_tokens[request.request_id] = num_new
+            if request.spec_token_ids:
+                out.scheduled_spec_tokens[request.request_id] = list(request.spec_token_ids)
             if request.num_tokens_sent == 0:
                 out.new_requests.append(NewRequestData(
                     request.request_id, list(request.prompt_token_ids), list(request.output_token_ids),
@@ -129,6 +137,8 @@ class Scheduler:
             if request.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             num_new = self._num_new_tokens(request, budget, request.num_computed_tokens)
+            if num_new == 1:
+                num_new += self._drafts_to_verify(request, budget - 1)
             if num_new == 0 or not self._allocate_or_preempt(request, num_new, scheduled, out):
                 continue
             scheduled.add(request.request_id)
@@ -136,11 +146,27 @@ class Scheduler:
             budget -= num_new
         return budget
 
+    def _drafts_to_verify(self, request: Request, budget: int) -> int:
+        """Keep as many of a decoding request's proposed tokens as this step verifies: within the budget, and
+        never more than the request may still emit (max_tokens, max_model_len) less the target's own token.
+        Guided requests do not speculate: their grammar masks cover one token per step."""
+        params = request.sampling_params
+        room = min(budget, self.config.max_model_len - request.num_tokens - 1)
+        if params.max_tokens is not None:
+            room = min(room, params.max_tokens - request.num_output_tokens - 1)
+        if not self._speculate or params.guided_decoding is not None:
+            room = 0
+        del request.spec_token_ids[max(0, room):]
+        return len(request.spec_token_ids)
+
+    def _lookahead(self) -> int:
+        return self.config.num_lookahead_slots if self._speculate else 0
+
     def _allocate_or_preempt(self, request: Request, num_new: int, scheduled: set[str],
                              out: _Plan) -> bool:
         """Find room for `request` by preempting requests not yet scheduled this step; False if it was
         itself preempted."""
-        while not self.kv_cache.allocate_slots(request, num_new):
+        while not self.kv_cache.allocate_slots(request, num_new, num_lookahead_tokens=self._lookahead()):
             victim = self._pick_victim([r for r in self.running if r.request_id not in scheduled])
             self._preempt(victim, out)
             if victim is request:
@@ -167,6 +193,7 @@ class Scheduler:
         self.running.remove(request)
         out.preempted.append(request)
         request.num_tokens_sent = request.num_blocks_sent = 0  # workers drop it; resuming sends it whole
+        request.spec_token_ids = []
         pairs = self.kv_cache.swap_out(request) if self._swap else None
         if pairs is not None:
             out.blocks_to_swap_out.extend(pairs)
@@ -201,7 +228,7 @@ class Scheduler:
             if self._ignore_if_never_fits(self.swapped, out):
                 continue
             num_new = self._num_new_tokens(request, budget, request.num_computed_tokens)
-            pairs = self.kv_cache.swap_in(request, num_new) if num_new else None
+            pairs = self.kv_cache.swap_in(request, num_new + self._lookahead()) if num_new else None
             if pairs is None:
                 break
             out.blocks_to_swap_in.extend(pairs)
@@ -215,7 +242,8 @@ class Scheduler:
                 continue
             hit = self.kv_cache.find_prefix(request)
             num_new = self._num_new_tokens(request, budget, hit.num_tokens)
-            if num_new == 0 or not self.kv_cache.allocate_slots(request, num_new, hit, reserve=True):
+            if num_new == 0 or not self.kv_cache.allocate_slots(request, num_new, hit, reserve=True,
+                                                                num_lookahead_tokens=self._lookahead()):
                 break
             self._take_hit(request, hit)
             budget = self._start_running(self.waiting, num_new, out, budget)
@@ -247,17 +275,23 @@ class Scheduler:
 
     # --- after the step -----------------------------------------------------------------------------------
 
-    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> None:
-        """Advance computed counts by the step's tokens and append each sampled token (requests finished
-        while the step ran are left as they are)."""
+    def update_from_output(self, output: SchedulerOutput, sampled_token_ids: dict[str, list[int]],
+                           draft_token_ids: Optional[dict[str, list[int]]] = None) -> None:
+        """Advance computed counts by the step's tokens and append the sampled ones (requests finished while
+        the step ran are left as they are). Proposed tokens that were rejected are no longer computed: their
+        slots are written again by the next step. `draft_token_ids` are the proposals to verify next."""
         for request_id, num_new in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None:
                 continue
             request.num_computed_tokens += num_new
-            token = sampled_token_ids.get(request_id)
-            if token is not None:
-                request.append_output_token(token)
+            tokens = sampled_token_ids.get(request_id)
+            if tokens:
+                num_rejected = len(output.scheduled_spec_tokens.get(request_id, ())) + 1 - len(tokens)
+                request.num_computed_tokens -= num_rejected
+                for token in tokens:
+                    request.append_output_token(token)
+            request.spec_token_ids = list((draft_token_ids or {}).get(request_id, ()))
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
         """Finish (stop, cap or abort) requests wherever they are; unknown or finished ids are ignored."""

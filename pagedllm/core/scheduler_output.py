@@ -56,6 +56,10 @@ class SchedulerOutput:
     grammar_bitmasks: dict[str, Any] = field(default_factory=dict)
     # Which of the pipeline's virtual engines (and so which KV cache) this step belongs to.
     virtual_engine: int = 0
+    # Speculative decoding: proposed tokens scheduled for verification after a request's last token (they are
+    # among its num_scheduled_tokens), and how many tokens to propose for each request that samples.
+    scheduled_spec_tokens: dict[str, list[int]] = field(default_factory=dict)
+    num_lookahead_tokens: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

@@ -75,7 +75,9 @@ class LLMEngine(EngineCompatMixin):
 
     def _init_observability(self, num_blocks: int, stat_loggers: Optional[dict[str, StatLoggerBase]]) -> None:
         lora = self.config.lora_config
-        self.stats = StatsCollector(self.schedulers, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0)
+        spec = self.config.speculative_config
+        self.stats = StatsCollector(self.schedulers, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0,
+                                    num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
         if not self.log_stats:
             stat_loggers = {}
         self.stat_loggers: dict[str, StatLoggerBase] = (
@@ -289,13 +291,14 @@ class LLMEngine(EngineCompatMixin):
                 execute_time: float) -> list[RequestOutput]:
         """Take a step's sampled tokens: advance the requests, advance their grammars, make their outputs,
         finish the ones that stopped."""
-        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output,
-                                                                            result.sampled_token_ids)
-        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], result.sampled_token_ids, execute_time,
-                             result.model_forward_time)
+        self.schedulers[scheduler_output.virtual_engine].update_from_output(
+            scheduler_output, result.sampled_token_ids, result.draft_token_ids)
+        tracked = [(s.request, s.metrics) for s in scheduled]
+        self.stats.on_tokens(tracked, result.sampled_token_ids, execute_time, result.model_forward_time)
+        if scheduler_output.scheduled_spec_tokens:
+            self.stats.on_spec_tokens(tracked, scheduler_output.scheduled_spec_tokens, result.sampled_token_ids)
         for state in scheduled:
-            token_id = result.sampled_token_ids.get(state.request_id)
-            if state.grammar is not None and token_id is not None:
+            for token_id in result.sampled_token_ids.get(state.request_id, ()) if state.grammar is not None else ():
                 accept_token(state.request_id, state.grammar, token_id)
         step_outputs, finished = self.output_processor.process(scheduled, result)
         for status in set(finished.values()):

@@ -39,7 +39,8 @@ class OutputProcessor:
                                                                  state.request.sampling_params.detokenize))
             if request_id not in result.sampled_token_ids:
                 continue
-            status = self._add_token(state, result.logprobs.get(request_id))
+            status = self._add_tokens(state, len(result.sampled_token_ids[request_id]),
+                                      result.logprobs.get(request_id))
             if status is not None:
                 finished[request_id] = status
             output = self.make_output(state, status)
@@ -59,6 +60,22 @@ class OutputProcessor:
         parent, index = state.parent
         parent.record(index, output)
         return _collect([parent])
+
+    def _add_tokens(self, state: RequestState, num_new: int, logprobs: Optional[TokenLogprobs]
+                    ) -> Optional[RequestStatus]:
+        """Take a step's new tokens (already appended) one at a time, as plain decoding would: a stop at one of
+        them drops those after it."""
+        if num_new == 1:
+            return self._add_token(state, logprobs)
+        status = None
+        for i, token in enumerate(state.request.pop_output_tokens(num_new)):
+            state.request.append_output_token(token)
+            entry = None if logprobs is None else TokenLogprobs(logprobs.token_ids[i:i + 1],
+                                                               logprobs.logprobs[i:i + 1], logprobs.ranks[i:i + 1])
+            status = self._add_token(state, entry)
+            if status is not None:
+                break
+        return status
 
     def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs]) -> Optional[RequestStatus]:
         request = state.request

@@ -6,24 +6,27 @@ for each request that finished. Timestamps are written into the request's `Reque
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
 from pagedllm.core.request import Request
 from pagedllm.core.scheduler import Scheduler
-from pagedllm.metrics.stats import Stats
+from pagedllm.metrics.stats import SpecDecodeStats, Stats
 from pagedllm.outputs import RequestMetrics
 
 Tracked = tuple[Request, RequestMetrics]  # a request and the metrics its outputs carry
 
 
 class StatsCollector:
-    def __init__(self, schedulers: list[Scheduler], collect: bool, max_lora: int = 0) -> None:
+    def __init__(self, schedulers: list[Scheduler], collect: bool, max_lora: int = 0,
+                 num_speculative_tokens: int = 0) -> None:
         """`schedulers`: one per virtual engine; `collect` says whether to gather `Stats` at all (request
         metrics are filled either way)."""
         self.schedulers = schedulers
         self.collect = collect
         self.max_lora = max_lora
+        self.spec_decode = SpecDecodeStats(num_speculative_tokens) if num_speculative_tokens else None
         self.on_finished_hooks: list[Callable[[Request, RequestMetrics], None]] = []
         self._stats = Stats(now=time.time())
         self._preemptions_seen = self._num_preemptions()
@@ -37,7 +40,7 @@ class StatsCollector:
                 metrics.first_scheduled_time = now
                 metrics.time_in_queue = now - metrics.arrival_time
 
-    def on_tokens(self, scheduled: Iterable[Tracked], sampled_token_ids: dict[str, int], execute_time: float,
+    def on_tokens(self, scheduled: Iterable[Tracked], sampled_token_ids: dict[str, list[int]], execute_time: float,
                   forward_time_ms: float) -> None:
         """Record the step's new tokens: first-token and per-token latencies, token counts, model time."""
         now = time.time()
@@ -56,7 +59,27 @@ class StatsCollector:
                 stats.time_per_output_tokens_iter.append(now - metrics.last_token_time)
             metrics.last_token_time = now
         if self.collect:
-            stats.num_generation_tokens_iter += len(sampled_token_ids)
+            stats.num_generation_tokens_iter += sum(len(tokens) for tokens in sampled_token_ids.values())
+
+    def on_spec_tokens(self, scheduled: Iterable[Tracked], proposed: dict[str, list[int]],
+                       sampled_token_ids: dict[str, list[int]]) -> None:
+        """Count a step's verified proposals: totals and each request's acceptance counts."""
+        totals = self.spec_decode
+        for request, metrics in scheduled:
+            num_proposed = len(proposed.get(request.request_id, ()))
+            tokens = sampled_token_ids.get(request.request_id)
+            if not num_proposed or not tokens:
+                continue
+            num_accepted = len(tokens) - 1
+            totals.draft_tokens += num_proposed
+            totals.accepted_tokens += num_accepted
+            totals.emitted_tokens += len(tokens)
+            totals.max_emitted_tokens += num_proposed + 1
+            counts = metrics.spec_token_acceptance_counts
+            if counts is None:
+                counts = metrics.spec_token_acceptance_counts = [0] * (totals.num_spec_tokens + 1)
+            for i in range(num_accepted + 1):
+                counts[i] += 1
 
     def on_finished(self, request: Request, metrics: RequestMetrics) -> None:
         """Record a request that finished (stopped, capped or never fit); aborted ones are not counted."""
@@ -101,6 +124,8 @@ class StatsCollector:
         stats.running_lora_adapters = _lora_names(r for scheduler in schedulers for r in scheduler.running)
         stats.waiting_lora_adapters = _lora_names(r for scheduler in schedulers for r in scheduler.waiting)
         stats.max_lora = str(self.max_lora)
+        if self.spec_decode is not None:
+            stats.spec_decode_metrics = dataclasses.replace(self.spec_decode)
         return stats
 
     def _num_preemptions(self) -> int:

@@ -49,11 +49,37 @@ class Stats:
     waiting_lora_adapters: list[str] = field(default_factory=list)
     max_lora: str = "0"
 
-    spec_decode_metrics: Optional[Any] = None
+    spec_decode_metrics: Optional["SpecDecodeStats"] = None  # running totals since start
 
     @property
     def num_tokens_iter(self) -> int:
         return self.num_prompt_tokens_iter + self.num_generation_tokens_iter
+
+
+@dataclass
+class SpecDecodeStats:
+    """Speculative decoding's running totals, with the names vLLM's Prometheus metrics read: tokens proposed
+    and verified, proposals accepted, tokens emitted by verifying steps (accepted plus the target's own)."""
+
+    num_spec_tokens: int
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    max_emitted_tokens: int = 0  # what the verifying steps would emit had every proposal been accepted
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def system_efficiency(self) -> float:
+        return self.emitted_tokens / self.max_emitted_tokens if self.max_emitted_tokens else 0.0
+
+    def __str__(self) -> str:
+        return (f"Draft acceptance rate: {self.draft_acceptance_rate:.3f}, System efficiency: "
+                f"{self.system_efficiency:.3f}, Number of speculative tokens: {self.num_spec_tokens}, Number of "
+                f"accepted tokens: {self.accepted_tokens}, Number of draft tokens: {self.draft_tokens}, Number of "
+                f"emitted tokens: {self.emitted_tokens}.")
 
 
 class SupportsMetricsInfo(Protocol):

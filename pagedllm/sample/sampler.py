@@ -28,9 +28,7 @@ class SamplerOutput(NamedTuple):
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         """logits [N, vocab] -> one token per row."""
-        logits = logits.float()
-        for step in LOGITS_STEPS:
-            logits = step(logits, meta)
+        logits = process_logits(logits, meta)
         logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
         # max(dim).indices is argmax (the first maximum on ties) at a third of its cost on CPU.
         greedy_tokens = logits.max(dim=-1).indices
@@ -41,6 +39,15 @@ class Sampler:
         if logprobs is None:
             return SamplerOutput(tokens, None, None, None)
         return SamplerOutput(tokens, *gather_logprobs(logprobs, tokens, meta.max_num_logprobs))
+
+
+def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The named steps before sampling: the distribution that `logprobs` reports and greedy rows take the
+    argmax of."""
+    logits = logits.float()
+    for step in LOGITS_STEPS:
+        logits = step(logits, meta)
+    return logits
 
 
 def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -109,13 +116,19 @@ LOGITS_STEPS: tuple[LogitsStep, ...] = (apply_logits_processors, apply_logit_bia
 
 
 def sample_random(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    return exponential_race(random_probs(logits, meta), meta.generators)
+
+
+def random_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """The distribution random rows sample from, after temperature, top-k, top-p and min-p (not renormalized
+    after min-p)."""
     logits = logits / meta.temperature.unsqueeze(1)
     logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
     probs = torch.softmax(logits, dim=-1)
     if meta.min_p is not None:
         threshold = probs.amax(dim=-1, keepdim=True) * meta.min_p.unsqueeze(1)
         probs = probs.masked_fill(probs < threshold, 0.0)
-    return exponential_race(probs, meta.generators)
+    return probs
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: Optional[torch.Tensor],

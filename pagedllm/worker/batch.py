@@ -14,19 +14,28 @@ class ModelInput:
     input_ids: torch.Tensor  # [T] long
     positions: torch.Tensor  # [T] long
     attn_metadata: AttentionMetadata
-    requests: list[WorkerRequest]  # in layout order: prefill runs first, then one-token decodes
+    requests: list[WorkerRequest]  # in layout order: prefill runs first, then decodes
     num_new_tokens: list[int]
     query_starts: list[int]
     sample_rows: list[int]  # index into `requests` of those whose last token is computed this step
-    sample_token_indices: torch.Tensor  # [S] flat token index of each sampling row's last token
+    # [S] flat token index of each sampling row's last token; a row verifying proposed tokens has one index
+    # per proposed token before it (its positions in order).
+    sample_token_indices: torch.Tensor
+
+
+def _is_decode(request: WorkerRequest, n: int) -> bool:
+    """A request's last token, and any proposed tokens after it: each is a decode row of its own over the
+    request's blocks (attending to the keys up to its position), so verification runs the decode kernel."""
+    return n == 1 + len(request.spec_token_ids) and request.num_computed_tokens > 0 or n == 1
 
 
 def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: int, device: torch.device) -> ModelInput:
     """Prefills first (those without cached context grouped by length, so that equal lengths share one
     attention call), then decodes."""
-    fresh = sorted(((r, n) for r, n in scheduled if n > 1 and r.num_computed_tokens == 0), key=lambda x: x[1])
-    with_context = [(r, n) for r, n in scheduled if n > 1 and r.num_computed_tokens > 0]
-    decodes = [(r, n) for r, n in scheduled if n == 1]
+    decodes = [(r, n) for r, n in scheduled if _is_decode(r, n)]
+    fresh = sorted(((r, n) for r, n in scheduled if not _is_decode(r, n) and r.num_computed_tokens == 0),
+                   key=lambda x: x[1])
+    with_context = [(r, n) for r, n in scheduled if not _is_decode(r, n) and r.num_computed_tokens > 0]
     ordered = fresh + with_context + decodes
     ids: list[int] = []
     positions: list[int] = []
@@ -35,13 +44,16 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
     for request, n in ordered:
         begin = request.num_computed_tokens
         query_starts.append(len(ids))
-        ids.extend(request.all_token_ids[begin:begin + n])
+        tokens = request.all_token_ids[begin:begin + n]
+        ids.extend(tokens + request.spec_token_ids[:n - len(tokens)])
         positions.extend(range(begin, begin + n))
         table = request.block_ids
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, begin + n))
-    num_prefill_tokens = len(ids) - len(decodes)
-    block_tables = _decode_block_tables([r for r, _ in decodes])
-    sample_rows = [i for i, (r, n) in enumerate(ordered) if r.num_computed_tokens + n == r.num_tokens]
+    decode_rows = [(r, r.num_computed_tokens + j + 1) for r, n in decodes for j in range(n)]
+    num_prefill_tokens = len(ids) - len(decode_rows)
+    block_tables = _decode_block_tables([r for r, _ in decode_rows])
+    sample_rows = [i for i, (r, n) in enumerate(ordered)
+                   if r.num_computed_tokens + n == r.num_tokens + len(r.spec_token_ids)]
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
         prefill_groups=_group_by_length(fresh),
@@ -49,15 +61,15 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
                                   torch.tensor(r.block_ids, dtype=torch.long, device=device))
                   for i, (r, n) in enumerate(with_context)],
         num_prefill_tokens=num_prefill_tokens, decode_block_tables=block_tables.to(device),
-        decode_context_lens=torch.tensor([r.num_computed_tokens + 1 for r, _ in decodes], dtype=torch.long,
-                                         device=device))
+        decode_context_lens=torch.tensor([length for _, length in decode_rows], dtype=torch.long, device=device))
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         attn_metadata=meta, requests=[r for r, _ in ordered], num_new_tokens=[n for _, n in ordered],
         query_starts=query_starts, sample_rows=sample_rows,
-        sample_token_indices=torch.tensor([query_starts[i] + ordered[i][1] - 1 for i in sample_rows],
-                                          dtype=torch.long, device=device))
+        sample_token_indices=torch.tensor(
+            [query_starts[i] + ordered[i][1] - 1 - j for i in sample_rows
+             for j in range(len(ordered[i][0].spec_token_ids), -1, -1)], dtype=torch.long, device=device))
 
 
 def _group_by_length(prefills: list[tuple[WorkerRequest, int]]) -> list[PrefillGroup]:

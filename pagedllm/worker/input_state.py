@@ -22,6 +22,7 @@ class WorkerRequest(TokenCounts):
         self.block_ids: list[int] = data.block_ids
         self.num_computed_tokens = data.num_computed_tokens
         self.lora_request: Any = data.lora_request
+        self.spec_token_ids: list[int] = []  # proposed tokens verified after its last one this step
 
 
 class InputState:
@@ -42,4 +43,6 @@ class InputState:
             request.all_token_ids.extend(change.new_token_ids)
             request.block_ids.extend(change.new_block_ids)
             request.num_computed_tokens = change.num_computed_tokens
+        for request_id in output.num_scheduled_tokens:
+            self.requests[request_id].spec_token_ids = output.scheduled_spec_tokens.get(request_id, [])
         return [(self.requests[rid], n) for rid, n in output.num_scheduled_tokens.items()]

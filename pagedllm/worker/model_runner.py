@@ -15,6 +15,8 @@ from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
+from pagedllm.spec_decode.proposer import Proposer
+from pagedllm.spec_decode.verify import verify_proposals
 from pagedllm.worker.batch import ModelInput, build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs
 from pagedllm.worker.input_state import InputState, WorkerRequest
@@ -42,6 +44,7 @@ class ModelRunner:
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.decode_graphs: Optional[DecodeGraphs] = None
         self.input_state = InputState()
+        self.proposer: Optional[Proposer] = None  # speculative decoding, on the worker that samples
 
     def initialize_cache(self, num_blocks: int) -> None:
         shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
@@ -61,6 +64,8 @@ class ModelRunner:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_req_ids:
             self.generators.pop(request_id, None)
+        if self.proposer is not None:
+            self.proposer.forget([*scheduler_output.finished_req_ids, *scheduler_output.preempted_req_ids])
         scheduled = self.input_state.update(scheduler_output)
         merged = ModelRunnerOutput({}, {}, {})
         if not scheduled:
@@ -72,7 +77,18 @@ class ModelRunner:
             merged.logprobs.update(output.logprobs)
             merged.prompt_logprobs.update(output.prompt_logprobs)
             forward_ms += output.model_forward_time
-        return merged._replace(model_forward_time=forward_ms)
+        merged = merged._replace(model_forward_time=forward_ms)
+        if self.proposer is not None and scheduler_output.num_lookahead_tokens and merged.sampled_token_ids:
+            merged = merged._replace(draft_token_ids=self._propose(merged, scheduler_output.num_lookahead_tokens))
+        return merged
+
+    def _propose(self, output: ModelRunnerOutput, num_tokens: int) -> dict[str, list[int]]:
+        """The next step's proposals for the requests that sampled (guided ones do not speculate)."""
+        requests = self.input_state.requests
+        contexts = [(requests[rid], requests[rid].all_token_ids + tokens)
+                    for rid, tokens in output.sampled_token_ids.items()
+                    if requests[rid].sampling_params.guided_decoding is None]
+        return self.proposer.propose(contexts, num_tokens)
 
     def _run(self, scheduled: list[tuple[WorkerRequest, int]], grammar_bitmasks: dict,
              kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> ModelRunnerOutput:
@@ -93,6 +109,10 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
         if logits is None:
             return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
+        if any(request.spec_token_ids for request in sampling):
+            sampled, logprobs = verify_proposals(logits, sampling, self._generators_for(sampling), self.vocab_size,
+                                                 self.device, grammar_bitmasks)
+            return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms)
         meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device,
                                       grammar_bitmasks)
         out = self.sampler(logits, meta)
@@ -105,7 +125,8 @@ class ModelRunner:
                     logprobs[request.request_id] = TokenLogprobs(
                         [out.logprob_token_ids[row, :k + 1].tolist()], [out.logprobs[row, :k + 1].tolist()],
                         [int(out.sampled_ranks[row])])
-        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs, forward_ms)
+        return ModelRunnerOutput({rid: [token] for rid, token in zip(ids, out.token_ids.tolist())}, logprobs,
+                                 prompt_logprobs, forward_ms)
 
     def _generators_for(self, requests: list[WorkerRequest]) -> dict[str, torch.Generator]:
         for request in requests:

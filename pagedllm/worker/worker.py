@@ -45,6 +45,11 @@ class Worker:
         torch.manual_seed(self.config.model_config.seed)
         model = load_model(self.config.model_config, str(self.device), self.parallel)
         self.model_runner = ModelRunner(self.config, model, self.device, self.ranks)
+        if self.config.speculative_config is not None and self.ranks.is_output_rank:
+            # Proposals need only token ids: the rank that samples proposes, with a whole draft model of its own.
+            from pagedllm.spec_decode.proposer import build_proposer
+
+            self.model_runner.proposer = build_proposer(self.config, self.device)
 
     def block_bytes(self) -> int:
         """Bytes of one KV cache block over this worker's layers and KV heads, keys and values."""
@@ -61,8 +66,11 @@ class Worker:
             budget = free - total * (1 - cache.gpu_memory_utilization)
         else:
             budget = cache.kv_cache_memory
-        # Each virtual engine (one per pipeline stage) has a cache of its own.
-        num_blocks = int(budget // (self.block_bytes() * self.ranks.pp_size))
+        # Each virtual engine (one per pipeline stage) has a cache of its own; a draft model's cache follows the
+        # target's block for block.
+        proposer = self.model_runner.proposer
+        draft_bytes = proposer.block_bytes() if proposer is not None else 0
+        num_blocks = int(budget // ((self.block_bytes() + draft_bytes) * self.ranks.pp_size))
         if num_blocks < 1:
             raise ValueError(f"No room for the KV cache: {budget / 2**30:.2f} GiB available, "
                              f"{self.block_bytes()} bytes needed per block.")
@@ -77,6 +85,8 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         """`num_blocks` for each virtual engine (one per pipeline stage)."""
         self.model_runner.initialize_cache(num_blocks)
+        if self.model_runner.proposer is not None:
+            self.model_runner.proposer.initialize_cache(num_blocks)
         if self.num_swap_blocks():
             self.swap_space = SwapSpace(self.model_runner.kv_caches[0], self.num_swap_blocks())
 

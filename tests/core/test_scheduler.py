@@ -36,7 +36,7 @@ def step(scheduler: Scheduler) -> SchedulerOutput:
     """One step: every request whose tokens are all computed samples token 1; done at max_tokens."""
     out = scheduler.schedule()
     scheduled = [(scheduler.requests[rid], n) for rid, n in out.num_scheduled_tokens.items()]
-    sampled = {r.request_id: 1 for r, n in scheduled if r.num_computed_tokens + n == r.num_tokens}
+    sampled = {r.request_id: [1] for r, n in scheduled if r.num_computed_tokens + n == r.num_tokens}
     scheduler.update_from_output(out, sampled)
     done = [r.request_id for r, _ in scheduled if r.num_output_tokens >= r.sampling_params.max_tokens]
     scheduler.finish_requests(done, RequestStatus.FINISHED_LENGTH_CAPPED)

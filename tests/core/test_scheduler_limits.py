@@ -27,7 +27,7 @@ def add(scheduler: Scheduler, name: str, prompt_len: int) -> None:
 
 def run_step(scheduler: Scheduler) -> dict[str, int]:
     out = scheduler.schedule()
-    scheduler.update_from_output(out, {rid: 7 for rid, n in out.num_scheduled_tokens.items()
+    scheduler.update_from_output(out, {rid: [7] for rid, n in out.num_scheduled_tokens.items()
                                        if scheduler.requests[rid].num_computed_tokens + n
                                        == scheduler.requests[rid].num_tokens})
     return out.num_scheduled_tokens

@@ -1,0 +1,147 @@
+"""A draft model proposes by decoding greedily ahead of the target: a smaller model with the same tokenizer,
+or the target's own weights quantized to int8 (the self-draft), whose greedy choices mostly agree with the
+float model's at a third of its cost per token on CPU.
+
+The draft keeps a KV cache of its own laid out block for block like the target's: a request's draft keys sit
+in the same block ids and slots as its target keys, so the scheduler's block tables serve both, and the
+lookahead slots it reserves past the verified tokens hold the keys of the draft's own proposals. Per request
+the proposer remembers which tokens its cache holds and in which blocks; after a step it feeds only what is
+new (the accepted tokens; the whole context after a preemption moved the blocks), then decodes the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import torch
+
+from pagedllm.config import EngineConfig, ModelConfig
+from pagedllm.distributed.partition import local_kv_cache_shape
+from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.model.attention import allocate_kv_cache
+from pagedllm.model.loader import load_model
+from pagedllm.spec_decode.proposer import DraftContext, Proposer
+from pagedllm.worker.batch import build_model_input
+from pagedllm.worker.cpu_graph import DecodeGraphs
+
+# A feed of at most this many new tokens runs as decode rows (the C decode kernel, CPU graphs); a longer one
+# (the prompt, after a prefill) as a prefill.
+_MAX_DECODE_ROWS = 8
+
+
+def draft_model_config(target: ModelConfig, config: EngineConfig) -> ModelConfig:
+    """The draft's model config: another model's files, or the target's own, with the draft's quantization."""
+    spec = config.speculative_config
+    if spec.model is None:
+        return dataclasses.replace(target, quantization=spec.quantization)
+    from pagedllm.model.source import resolve_model_source
+
+    source = resolve_model_source(spec.model)
+    return dataclasses.replace(target, model=spec.model, path=source.path, format=source.format,
+                               hf_config=source.hf_config, quantization=spec.quantization)
+
+
+class _Feed:
+    """One request's tokens as the draft sees them: what its cache holds, what it is fed next."""
+
+    def __init__(self, request_id: str, tokens: list[int], num_computed: int, block_ids: list[int],
+                 num_wanted: int) -> None:
+        self.request_id = request_id
+        self.tokens = tokens
+        self.num_computed_tokens = num_computed
+        self.block_ids = block_ids
+        self.num_wanted = num_wanted
+        self.proposed: list[int] = []
+        self.all_token_ids: list[int] = tokens
+        self.spec_token_ids: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def layout(self) -> int:
+        """Split the uncomputed tokens as the batch layout reads them; returns how many are fed."""
+        num_new = len(self.tokens) - self.num_computed_tokens
+        split = self.num_computed_tokens + 1 if 0 < self.num_computed_tokens and num_new <= _MAX_DECODE_ROWS \
+            else len(self.tokens)
+        self.all_token_ids, self.spec_token_ids = self.tokens[:split], self.tokens[split:]
+        return num_new
+
+    def advance(self, token: int) -> None:
+        self.num_computed_tokens = len(self.tokens)
+        self.tokens = self.tokens + [token]
+        self.proposed.append(token)
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        self.config = config
+        self.model_config = draft_model_config(config.model_config, config)
+        self.device = device
+        self.model = load_model(self.model_config, str(device))
+        self.block_size = config.cache_config.block_size
+        self.max_model_len = config.model_config.max_model_len
+        self.kv_caches: list = []
+        self.graphs = None
+        # Request id -> the tokens whose keys the draft cache holds, and the blocks they are in.
+        self.cached: dict[str, tuple[list[int], list[int]]] = {}
+
+    def block_bytes(self) -> int:
+        shape = local_kv_cache_shape(self.model_config.hf_config, ParallelRanks())
+        element = torch.tensor([], dtype=self.model_config.dtype).element_size()
+        return 2 * shape.num_layers * self.block_size * shape.num_kv_heads * shape.head_dim * element
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        shape = local_kv_cache_shape(self.model_config.hf_config, ParallelRanks())
+        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
+                                            self.model_config.dtype, self.device) for _ in range(shape.num_layers)]
+        if (self.device.type == "cpu" and self.model_config.dtype == torch.float32
+                and not self.model_config.enforce_eager):
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, self.max_model_len, self.block_size)
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            self.cached.pop(request_id, None)
+
+    def propose(self, contexts: list[DraftContext], num_tokens: int) -> dict[str, list[int]]:
+        feeds = [_Feed(request.request_id, tokens, self._num_cached(request.request_id, tokens, request.block_ids),
+                       request.block_ids, min(num_tokens, self.max_model_len - len(tokens)))
+                 for request, tokens in contexts]
+        active = [feed for feed in feeds if feed.num_wanted > 0]
+        while active:
+            for feed, token in zip(active, self._next_tokens(active)):
+                feed.advance(token)
+            active = [feed for feed in active if len(feed.proposed) < feed.num_wanted]
+        for feed in feeds:
+            # The last proposal was never fed: the cache holds the tokens before it.
+            self.cached[feed.request_id] = (feed.tokens[:-1] if feed.proposed else feed.tokens[:feed.num_computed_tokens],
+                                            list(feed.block_ids))
+        return {feed.request_id: feed.proposed for feed in feeds if feed.proposed}
+
+    def _num_cached(self, request_id: str, tokens: list[int], block_ids: list[int]) -> int:
+        """Leading tokens whose draft keys are still valid: the same tokens in the same blocks (always leaving
+        one token to feed)."""
+        held = self.cached.get(request_id)
+        if held is None:
+            return 0
+        held_tokens, held_blocks = held
+        if block_ids[:len(held_blocks)] != held_blocks:
+            return 0
+        same = 0
+        limit = min(len(held_tokens), len(tokens) - 1)
+        while same < limit and held_tokens[same] == tokens[same]:
+            same += 1
+        return same
+
+    @torch.inference_mode()
+    def _next_tokens(self, feeds: list[_Feed]) -> list[int]:
+        """One forward pass of the draft over each feed's new tokens: its greedy next token, in `feeds` order."""
+        batch = build_model_input([(feed, feed.layout()) for feed in feeds], self.block_size, self.device)
+        hidden = self.graphs.forward(batch) if self.graphs is not None else None
+        if hidden is None:
+            hidden = self.model.forward_stage(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+        last = torch.tensor([start + n - 1 for start, n in zip(batch.query_starts, batch.num_new_tokens)],
+                            device=self.device)
+        tokens = dict(zip((feed.request_id for feed in batch.requests),
+                          self.model.compute_logits(hidden[last]).argmax(dim=-1).tolist()))
+        return [tokens[feed.request_id] for feed in feeds]

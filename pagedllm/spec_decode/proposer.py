@@ -1,0 +1,43 @@
+"""The proposers' interface, and the one a speculative config asks for."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Iterable
+
+import torch
+
+from pagedllm.config import EngineConfig
+from pagedllm.worker.input_state import WorkerRequest
+
+# A request that sampled this step and its tokens with the new ones appended (the worker's copy of it gets
+# them only with the next step).
+DraftContext = tuple[WorkerRequest, list[int]]
+
+
+class Proposer(ABC):
+    """Proposes each request's next tokens after a step, on the worker that samples."""
+
+    @abstractmethod
+    def propose(self, contexts: list[DraftContext], num_tokens: int) -> dict[str, list[int]]:
+        """Up to `num_tokens` proposed next tokens per request (none is a valid answer)."""
+
+    def block_bytes(self) -> int:
+        """Bytes of KV cache the proposer keeps per block of the target's cache."""
+        return 0
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate any cache of its own, block for block with the target's (same ids, same slots)."""
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop what it keeps of finished or preempted requests."""
+
+
+def build_proposer(config: EngineConfig, device: torch.device) -> Proposer:
+    spec = config.speculative_config
+    if spec.method == "ngram":
+        from pagedllm.spec_decode.ngram import NgramProposer
+
+        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    from pagedllm.spec_decode.draft_model import DraftModelProposer
+
+    return DraftModelProposer(config, device)

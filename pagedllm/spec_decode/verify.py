@@ -1,0 +1,60 @@
+"""A step's sampling for requests that verify proposed tokens: every proposed position goes through the
+sampler's steps as a row of its own (with the proposals before it counted as outputs, so penalties, min_tokens
+and logits processors see what plain decoding would), then rejection.py decides what is kept."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from pagedllm.core.runner_output import TokenLogprobs
+from pagedllm.sample.metadata import SamplingMetadata
+from pagedllm.sample.sampler import gather_logprobs, process_logits, random_probs
+from pagedllm.sampling_params import SamplingParams, SamplingType
+from pagedllm.spec_decode.rejection import accept_greedy, accept_sampled
+from pagedllm.worker.input_state import WorkerRequest
+
+
+class _PositionRow:
+    """One verified position of a request, as sampling reads a request: its outputs include the proposed
+    tokens before this position."""
+
+    def __init__(self, request: WorkerRequest, num_proposed_before: int) -> None:
+        self.request_id = request.request_id
+        self.prompt_token_ids = request.prompt_token_ids
+        self.output_token_ids = request.output_token_ids + request.spec_token_ids[:num_proposed_before]
+        self.sampling_params: SamplingParams = request.sampling_params
+        self.eos_token_id = request.eos_token_id
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+def verify_proposals(logits: torch.Tensor, requests: list[WorkerRequest], generators: dict[str, torch.Generator],
+                     vocab_size: int, device: torch.device, grammar_bitmasks: Optional[dict] = None
+                     ) -> tuple[dict[str, list[int]], dict[str, TokenLogprobs]]:
+    """logits [sum of (proposed + 1) over requests, vocab], each request's positions in order -> the tokens
+    each request emits and, where asked, their logprobs (one position per emitted token)."""
+    rows = [_PositionRow(r, j) for r in requests for j in range(len(r.spec_token_ids) + 1)]
+    meta = SamplingMetadata.build(rows, generators, vocab_size, device, grammar_bitmasks)
+    logits = process_logits(logits, meta)
+    logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
+    greedy = logits.max(dim=-1).indices.tolist()
+    probs = None if meta.all_greedy else random_probs(logits, meta)
+    sampled, sampled_logprobs = {}, {}
+    start = 0
+    for request in requests:
+        proposed, params = request.spec_token_ids, request.sampling_params
+        end = start + len(proposed) + 1
+        if params.sampling_type == SamplingType.GREEDY:
+            tokens = accept_greedy(greedy[start:end], proposed)
+        else:
+            tokens = accept_sampled(probs[start:end], proposed, generators.get(request.request_id))
+        sampled[request.request_id] = tokens
+        if logprobs is not None and params.logprobs is not None:
+            ids, values, ranks = gather_logprobs(logprobs[start:start + len(tokens)],
+                                                 torch.tensor(tokens, device=device), params.logprobs)
+            sampled_logprobs[request.request_id] = TokenLogprobs(ids.tolist(), values.tolist(), ranks.tolist())
+        start = end
+    return sampled, sampled_logprobs
