@@ -246,7 +246,7 @@ class EngineArgs(CompatArgs):
         if self.preemption_mode == "swap" and self.swap_space == 0:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
                              "blocks).")
-        speculative = parse_speculative_config(self.speculative_config, self.model)
+        speculative = parse_speculative_config(self.speculative_config)
         if speculative is not None:
             check_draft_vocabulary(speculative, source.hf_config)
             if self.enable_prompt_embeds:

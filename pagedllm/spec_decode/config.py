@@ -34,7 +34,7 @@ class SpeculativeConfig:
         return self.method == "draft_model"
 
 
-def parse_speculative_config(raw: Any, target_model: Optional[str]) -> Optional[SpeculativeConfig]:
+def parse_speculative_config(raw: Any) -> Optional[SpeculativeConfig]:
     """vLLM's dict (or None) -> SpeculativeConfig; a bad value raises ValueError naming its field."""
     if raw is None:
         return None
@@ -57,7 +57,7 @@ def parse_speculative_config(raw: Any, target_model: Optional[str]) -> Optional[
                          f"{disable!r}.")
     if method == "ngram":
         return _ngram(raw, k, disable)
-    return _draft_model(raw, k, disable, target_model)
+    return _draft_model(raw, k, disable)
 
 
 def _ngram(raw: dict, k: int, disable: Optional[int]) -> SpeculativeConfig:
@@ -74,7 +74,7 @@ def _ngram(raw: dict, k: int, disable: Optional[int]) -> SpeculativeConfig:
     return SpeculativeConfig("ngram", k, high, low, disable_by_batch_size=disable)
 
 
-def _draft_model(raw: dict, k: int, disable: Optional[int], target_model: Optional[str]) -> SpeculativeConfig:
+def _draft_model(raw: dict, k: int, disable: Optional[int]) -> SpeculativeConfig:
     for name in ("prompt_lookup_max", "prompt_lookup_min"):
         if raw.get(name) is not None:
             raise ValueError(f"speculative_config {name} applies to method 'ngram', not 'draft_model'.")
@@ -82,8 +82,6 @@ def _draft_model(raw: dict, k: int, disable: Optional[int], target_model: Option
     if quantization not in (None, "int8"):
         raise ValueError(f"speculative_config quantization {quantization!r} is not supported; use None or 'int8'.")
     model = raw.get("model")
-    if model is not None and model == target_model:
-        model = None
     if model is None and quantization is None:
         raise ValueError("speculative_config model is required for method 'draft_model' (or give "
                          "quantization='int8' to draft with the target's own weights in int8).")
