@@ -71,6 +71,8 @@ WORKS = {
     "block_size": (32, lambda c: c.cache_config.block_size == 32),
     "enable_prefix_caching": (False, lambda c: not c.cache_config.enable_prefix_caching),
     "swap_space": (1, lambda c: c.cache_config.swap_space == 1),
+    "speculative_config": ({"method": "ngram", "num_speculative_tokens": 2},
+                           lambda c: c.speculative_config.num_speculative_tokens == 2),
     "gpu_memory_utilization": (0.5, lambda c: c.cache_config.gpu_memory_utilization == 0.5),
     "max_num_batched_tokens": (9000, lambda c: c.scheduler_config.max_num_batched_tokens == 9000),
     "max_num_seqs": (8, lambda c: c.scheduler_config.max_num_seqs == 8),
