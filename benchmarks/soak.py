@@ -7,7 +7,8 @@ counts completed requests, the intended drops and timeouts, and errors by kind (
 reads /metrics until nothing is running or waiting and the KV cache usage is back to 0.
 
 Memory: the resident set of the server and engine processes is sampled every 5% of the requests; the first
-`--warmup` requests are warm-up, and growth is measured from the end of the warm-up to the end of the run.
+`--warmup` requests are a warm-up phase, and growth is measured from its end to the end of the run, both
+taken once the server has settled.
 On CPU the KV cache lives in memory the kernel backs only where written, so resident memory rises with the
 blocks touched so far, up to the cache's size: a leak-hunting run wants a cache the warm-up cycles through.
 The script therefore starts its server with --num-gpu-blocks-override 512 (360 MiB on the default model)
@@ -161,8 +162,12 @@ def _growth_pct(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 async def soak(url: str, num_requests: int, concurrency: int, seed: int, max_tokens: int,
                api_key: Optional[str] = None, pids: Optional[dict[str, int]] = None,
                warmup: int = 0) -> dict[str, Any]:
-    """Send the requests, `concurrency` at a time; the report as a dict. The resident memory of `pids` is
-    sampled every 5% of the requests; growth counts from the end of the first `warmup` requests."""
+    """Send the requests, `concurrency` at a time; the report as a dict.
+
+    The first `warmup` requests run as a phase of their own: as it drains, the batch shrinks through every
+    size, so the engine's per-size caches (CPU graphs) are built before the memory baseline is taken; the
+    run ends with the same drain. The resident memory of `pids` is sampled every 5% of the requests.
+    """
     pids = pids or {}
     tally = Tally()
     samples: list[dict[str, Any]] = [{"done": 0, **rss_mib(pids)}]
@@ -171,29 +176,37 @@ async def soak(url: str, num_requests: int, concurrency: int, seed: int, max_tok
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     started = time.monotonic()
+    done = 0
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits) as client:
-        pending = iter(range(num_requests))
-        done = 0
 
-        async def worker() -> None:
-            nonlocal done
-            for i in pending:
-                await send(client, make_request(i, seed, max_tokens), tally)
-                done += 1
-                if done % every == 0 or done in (warmup, middle):
-                    samples.append({"done": done, **rss_mib(pids)})
+        async def run_phase(indices: range) -> dict[str, float]:
+            """Send `indices` and wait until the server has settled; its /metrics then."""
+            pending = iter(indices)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+            async def worker() -> None:
+                nonlocal done
+                for i in pending:
+                    await send(client, make_request(i, seed, max_tokens), tally)
+                    done += 1
+                    if done % every == 0 or done == middle:
+                        samples.append({"done": done, **rss_mib(pids)})
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            settled = await settled_metrics(client)
+            samples.append({"done": done, "settled": True, **rss_mib(pids)})
+            return settled
+
+        if warmup:
+            await run_phase(range(warmup))
+        baseline = samples[-1]
+        after = await run_phase(range(warmup, num_requests))
         elapsed = time.monotonic() - started
-        after = await settled_metrics(client)
-    samples.append({"done": num_requests, **rss_mib(pids)})  # once settled: the "end" figure
 
-    def first(count: int) -> dict[str, float]:
-        """The first sample taken once `count` requests were done."""
-        sample = next(s for s in samples if s["done"] >= count)
+    def memory_of(sample: dict[str, Any]) -> dict[str, float]:
         return {name: sample[name] for name in pids if name in sample}
 
-    memory = {"start": first(warmup), "middle": first(middle), "end": first(num_requests)}
+    middle_sample = next(s for s in samples if s["done"] >= middle)
+    memory = {"start": memory_of(baseline), "middle": memory_of(middle_sample), "end": memory_of(samples[-1])}
     return {"num_requests": num_requests, "warmup_requests": warmup, "concurrency": concurrency, "seed": seed,
             "elapsed_s": round(elapsed, 1), "outcomes": dict(tally.outcomes), "errors": dict(tally.errors),
             "error_examples": tally.error_examples, "metrics_after": after, "rss_mib": memory,
