@@ -17,14 +17,14 @@ from typing import Any, AsyncGenerator, Iterable, Mapping, NamedTuple, Optional,
 from pagedllm.config import AsyncEngineArgs, ModelConfig
 from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestStreams, stream_outputs
+from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestFailedError, RequestStreams, stream_outputs
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine"]
+__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine", "RequestFailedError"]
 
 
 @dataclass

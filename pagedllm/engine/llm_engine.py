@@ -225,17 +225,19 @@ class LLMEngine(EngineCompatMixin):
 
     def _finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """The one place where requests finish: the scheduler frees their blocks (unless it finished them
-        itself), their records go, finished ones are counted and traced, aborted ones are not."""
+        itself), their records go, finished ones are counted and traced, aborted and failed ones are not."""
         for request_id in request_ids:
             state = self.requests.pop(request_id, None)
             if state is None:
                 continue
+            if status == RequestStatus.FINISHED_ERROR:
+                logger.error("Request %s failed alone, the others go on: %s", request_id, state.request.stop_reason)
             self.schedulers[state.virtual_engine].finish_requests([request_id], status)
             if state.parent is not None:
                 parent = state.parent[0]
                 if status == RequestStatus.FINISHED_ABORTED or parent.finished:
                     self.parents.pop(parent.request_id, None)
-            if status != RequestStatus.FINISHED_ABORTED:
+            if status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
                 self.stats.on_finished(state.request, state.metrics)
 
     @property
@@ -259,19 +261,20 @@ class LLMEngine(EngineCompatMixin):
         before any is waited for, so that pipeline stages work on different batches at once."""
         outputs, started = [], []
         for scheduler in self.schedulers:
-            scheduler_output, scheduled = self._schedule(scheduler, outputs)
+            scheduler_output, scheduled, failed = self._schedule(scheduler, outputs)
             if scheduler_output.has_work_for_workers:
-                started.append((scheduler_output, scheduled, time.perf_counter(),
+                started.append((scheduler_output, scheduled, failed, time.perf_counter(),
                                 self.model_executor.execute_model_async(scheduler_output)))
-        for scheduler_output, scheduled, start, wait in started:
-            outputs += self._update(scheduler_output, scheduled, wait(), time.perf_counter() - start)
+        for scheduler_output, scheduled, failed, start, wait in started:
+            outputs += self._update(scheduler_output, scheduled, wait(), time.perf_counter() - start, failed)
         self.do_log_stats()
         return outputs
 
     def _schedule(self, scheduler: Scheduler, outputs: list[RequestOutput]
-                  ) -> tuple[SchedulerOutput, list[RequestState]]:
-        """One virtual engine's plan with the grammar masks its sampling rows need, and the records of its
-        scheduled requests; requests that can never fit are finished into `outputs`."""
+                  ) -> tuple[SchedulerOutput, list[RequestState], dict[str, str]]:
+        """One virtual engine's plan with the grammar masks its sampling rows need, the records of its
+        scheduled requests and those whose grammar failed (id -> why; they fail after the step); requests
+        that can never fit are finished into `outputs`."""
         start = time.perf_counter()
         scheduler_output = scheduler.schedule()
         scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens]
@@ -279,25 +282,33 @@ class LLMEngine(EngineCompatMixin):
         ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests]
         self.stats.on_schedule([s.metrics for s in scheduled + ignored], time.perf_counter() - start)
         outputs += self._finish_ignored(ignored)
-        scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
+        scheduler_output.grammar_bitmasks, failed = self.grammars.bitmasks(
             {s.request_id: s.grammar for s in scheduled if s.grammar is not None
              and s.request.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id]
              == s.request.num_tokens})
-        return scheduler_output, scheduled
+        return scheduler_output, scheduled, failed
 
     def _update(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState], result: ModelRunnerOutput,
-                execute_time: float) -> list[RequestOutput]:
+                execute_time: float, failed: dict[str, str]) -> list[RequestOutput]:
         """Take a step's sampled tokens: advance the requests, advance their grammars, make their outputs,
-        finish the ones that stopped."""
-        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output,
-                                                                            result.sampled_token_ids)
-        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], result.sampled_token_ids, execute_time,
+        finish the ones that stopped. A request that failed on its own (here or in the workers) takes no
+        token and finishes with an error; the others go on."""
+        failed = {**failed, **result.failed}
+        if failed:
+            result = result._replace(sampled_token_ids={rid: token for rid, token in result.sampled_token_ids.items()
+                                                        if rid not in failed})
+        sampled = result.sampled_token_ids
+        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, sampled)
+        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], sampled, execute_time,
                              result.model_forward_time)
         for state in scheduled:
-            token_id = result.sampled_token_ids.get(state.request_id)
+            token_id = sampled.get(state.request_id)
             if state.grammar is not None and token_id is not None:
-                accept_token(state.request_id, state.grammar, token_id)
-        step_outputs, finished = self.output_processor.process(scheduled, result)
+                try:
+                    accept_token(state.request_id, state.grammar, token_id)
+                except Exception as error:
+                    failed[state.request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
+        step_outputs, finished = self.output_processor.process(scheduled, result, failed)
         for status in set(finished.values()):
             self._finish_requests([rid for rid, s in finished.items() if s == status], status)
         return step_outputs

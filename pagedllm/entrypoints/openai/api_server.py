@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 
 from pagedllm import __version__
 from pagedllm.config import AsyncEngineArgs
-from pagedllm.engine.async_engine import AsyncEngineDeadError, AsyncLLMEngine
+from pagedllm.engine.async_engine import AsyncEngineDeadError, AsyncLLMEngine, RequestFailedError
 from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected, error_response
 from pagedllm.entrypoints.openai.guard import GuardMiddleware
 from pagedllm.entrypoints.openai.limits import Admission, PromptLimit
@@ -75,6 +75,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AsyncEngineDeadError)
     async def engine_dead(_: Request, error: AsyncEngineDeadError) -> Response:
         return error_response(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
+
+    @app.exception_handler(RequestFailedError)
+    async def request_failed(_: Request, error: RequestFailedError) -> Response:
+        return error_response(str(error), HTTPStatus.INTERNAL_SERVER_ERROR)  # the engine logged why
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, __: ClientDisconnected) -> Response:
