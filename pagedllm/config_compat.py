@@ -190,7 +190,6 @@ UNSUPPORTED: dict[str, str] = {
     "num_scheduler_steps": "multi-step scheduling is not implemented",
     "num_lookahead_slots": "lookahead slots serve speculative decoding, which is not implemented",
     "speculative_config": "speculative decoding is not implemented",
-    "enable_sleep_mode": "sleep mode is not implemented",
     "model_loader_extra_config": "the model loader takes no options",
     "ignore_patterns": "every weight file of the model folder is loaded",
     "scheduler_delay_factor": "waiting requests are scheduled without delay",

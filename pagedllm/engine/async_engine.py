@@ -113,6 +113,16 @@ class AsyncLLMEngine:
     async def start_profile(self) -> None:
         self.engine.start_profile()
 
+    async def sleep(self, level: int = 1) -> None:
+        """Sleep mode (LLMEngine.sleep), in the step thread so that it never overlaps a step."""
+        await asyncio.get_running_loop().run_in_executor(self._step_thread, self.engine.sleep, level)
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._step_thread, self.engine.wake_up, tags)
+
+    async def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
     async def stop_profile(self) -> None:
         self.engine.stop_profile()
 

@@ -15,6 +15,7 @@ from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.request_state import RequestState
+from pagedllm.engine.sleep_mode import SleepModeMixin
 from pagedllm.executor import ExecutorBase
 from pagedllm.inputs import PromptType, parse_prompt
 from pagedllm.metrics.collector import StatsCollector
@@ -29,7 +30,7 @@ from pagedllm.tokenizer import get_generation_config, get_tokenizer
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine(EngineCompatMixin):
+class LLMEngine(EngineCompatMixin, SleepModeMixin):
     def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True,
                  usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
                  stat_loggers: Optional[dict[str, StatLoggerBase]] = None) -> None:
@@ -111,6 +112,7 @@ class LLMEngine(EngineCompatMixin):
         """Validate and queue a request; a bad request raises ValueError (or TypeError) and changes nothing."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
+        self._check_awake()
         if request_id in self.requests or request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
         if not isinstance(params, SamplingParams):

@@ -49,13 +49,24 @@ class ModelRunner:
                                              self.config.model_config.dtype, self.device)
                            for _ in range(shape.num_layers)]
                           for _ in range(self.ranks.pp_size)]
+        self.reset_decode_graphs()
+
+    def reset_decode_graphs(self) -> None:
+        """New CPU graphs (recorded on first use) over the current weights and KV cache; graphs hold
+        pointers, so sleep mode calls this once the weights and the cache are back in new memory."""
         model_config = self.config.model_config
+        self.decode_graphs = None
         # A graph replays one process's kernels: tensor parallelism's all-reduces and a pipeline stage's
         # sends are not kernel calls (a capture would refuse them), so sharded models run eagerly.
         if (self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager
                 and self.ranks.world_size == 1):
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                               self.block_size)
+
+    def release_cache(self) -> None:
+        """Drop the KV cache and the graphs that point into it (sleep mode)."""
+        self.kv_caches = []
+        self.decode_graphs = None
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
