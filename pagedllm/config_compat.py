@@ -173,7 +173,6 @@ UNSUPPORTED: dict[str, str] = {
     "rope_theta": "the model's config is used as it is",
     "hf_overrides": "the model's config is used as it is",
     "task": "only text generation is implemented",
-    "enable_prompt_embeds": "prompt embeddings are not implemented",
     "enable_lora": "LoRA adapters are not applied yet",
     "enable_lora_bias": "LoRA adapters are not applied yet",
     "max_loras": "LoRA adapters are not applied yet",

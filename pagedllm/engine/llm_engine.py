@@ -17,7 +17,7 @@ from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.request_state import RequestState
 from pagedllm.engine.sleep_mode import SleepModeMixin
 from pagedllm.executor import ExecutorBase
-from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.inputs import PromptType, checked_prompt_embeds, parse_prompt
 from pagedllm.metrics.collector import StatsCollector
 from pagedllm.metrics.loggers import StatLoggerBase
 from pagedllm.metrics.setup import default_stat_loggers, request_tracer
@@ -121,8 +121,10 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin):
             raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
-        text, token_ids = self._prompt_token_ids(prompt, tokenization_kwargs)
+        text, token_ids, embeds = self._prompt_token_ids(prompt, tokenization_kwargs)
         params = self._prepare_params(params, token_ids)
+        if embeds is not None:
+            embeds = self._embeds_params(embeds, params, len(token_ids))
         if trace_headers and self.tracer is None:
             warn_tracing_disabled()
         if params.guided_decoding is not None:
@@ -131,7 +133,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin):
         children = parent.children() if parent is not None else [(0, request_id, params)]
         for index, child_id, child_params in children:
             request = Request(child_id, list(token_ids), child_params, arrival_time or time.time(),
-                              self.eos_token_id, priority, lora_request,
+                              self.eos_token_id, priority, lora_request, prompt_embeds=embeds,
                               trace_headers=trace_headers if self.tracer else None)
             guided = child_params.guided_decoding
             virtual_engine = min(range(len(self.schedulers)),
@@ -144,17 +146,30 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin):
             self.parents[request_id] = parent
 
     def _prompt_token_ids(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]
-                          ) -> tuple[Optional[str], list[int]]:
+                          ) -> tuple[Optional[str], list[int], Any]:
+        """The prompt's text, its token ids and its embeddings (then the token ids are placeholders, 0 per
+        position: the scheduler counts them, the prefix cache skips such requests)."""
         parsed = parse_prompt(prompt)
         if parsed.embeds is not None:
-            raise ValueError("Prompt embeddings need enable_prompt_embeds=True and a model that supports them.")
+            embeds = checked_prompt_embeds(parsed.embeds, self.model_config.hf_config.hidden_size,
+                                           self.model_config.enable_prompt_embeds)
+            return None, [0] * embeds.shape[0], embeds
         token_ids = parsed.token_ids
         if token_ids is None:
             if self.tokenizer is None:
                 raise ValueError("A text prompt needs the tokenizer, but skip_tokenizer_init=True; "
                                  "pass prompt_token_ids instead.")
             token_ids = self.tokenizer.encode(parsed.text, **(tokenization_kwargs or {}))
-        return parsed.text, token_ids
+        return parsed.text, token_ids, None
+
+    @staticmethod
+    def _embeds_params(embeds: Any, params: SamplingParams, num_tokens: int) -> Any:
+        """The embeddings kept after truncate_prompt_tokens; what reads prompt token ids is refused."""
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs cannot be computed for a prompt given as prompt_embeds.")
+        if params.repetition_penalty != 1:
+            raise ValueError("repetition_penalty cannot be applied to a prompt given as prompt_embeds.")
+        return embeds[-num_tokens:]
 
     def _prepare_params(self, params: SamplingParams, token_ids: list[int]) -> SamplingParams:
         """Check the prompt against the model and fill the engine-derived parts of a copy of `params`."""

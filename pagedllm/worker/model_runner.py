@@ -93,7 +93,9 @@ class ModelRunner:
         start = time.perf_counter()
         hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
         if hidden is None:
-            hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata)
+            extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
+            hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,
+                                              **extra)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
         forward_ms = (time.perf_counter() - start) * 1000

@@ -25,7 +25,8 @@ def test_sleep_and_wake_up_over_http(launch_server, tiny_model_dir, tmp_path):
         with pytest.raises(openai.APIStatusError) as refused:
             _complete(client)
         assert refused.value.status_code == 503 and "sleeping" in refused.value.message
-        assert httpx.post(f"{server.url}/wake_up", params=[("tags", "weights"), ("tags", "kv_cache")]).status_code == 200
+        tags = [("tags", "weights"), ("tags", "kv_cache")]
+        assert httpx.post(f"{server.url}/wake_up", params=tags).status_code == 200
         assert httpx.get(f"{server.url}/is_sleeping").json() == {"is_sleeping": False}
         assert _complete(client) == before
 
