@@ -6,6 +6,11 @@ first token (TTFT) and the mean time per later output token (TPOT). With no --ur
 then runs the same requests offline through `LLM.generate` (all at once), and reports the server's output
 tokens/s as a ratio of that (skip it with --no-baseline).
 
+--compare-frontends also starts the server with --disable-frontend-multiprocessing (the engine in the server's
+process) and sends the same requests to both, one form after the other at each rate (the workload's, then
+--sustainable-rate, one this machine keeps up with), so that their ratio comes from one invocation; the order
+of the two forms alternates from one rate to the next.
+
 Request i draws from numpy.random.default_rng(seed): first all input lengths, then all output lengths
 (uniform, both ends included), then each prompt's token ids, then the inter-arrival gaps.
 """
@@ -20,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import httpx
 import numpy as np
@@ -140,6 +145,31 @@ def measure(url: str, requests: list[BenchRequest], api_key: Optional[str]) -> t
     return asyncio.run(run_load(url, model, requests, api_key))
 
 
+FORMS = {"engine_process": [], "in_process": ["--disable-frontend-multiprocessing"]}
+
+
+def compare_frontends(requests_at: Callable[[float], list[BenchRequest]], rates: list[float],
+                      engine_flags: list[str]) -> dict:
+    """Both server forms up at once, measured one after the other at each rate (order alternating), with
+    the ratio of the engine process's figures to the in-process ones."""
+    with contextlib.ExitStack() as stack:
+        urls = {form: stack.enter_context(launch_server(["--disable-log-requests", *flags, *engine_flags]))
+                for form, flags in FORMS.items()}
+        runs = {}
+        for i, rate in enumerate(rates):
+            requests, order = requests_at(rate), list(FORMS)[::1 if i % 2 == 0 else -1]
+            run = {form: summarize(*measure(urls[form], requests, None)) for form in order}
+            run["order"] = order
+            mp, inproc = run["engine_process"], run["in_process"]
+            run["engine_process_vs_in_process"] = {
+                "output_tokens_per_s": mp["output_tokens_per_s"] / inproc["output_tokens_per_s"],
+                "ttft_p50": mp["ttft_ms"]["p50"] / inproc["ttft_ms"]["p50"],
+                "ttft_p99": mp["ttft_ms"]["p99"] / inproc["ttft_ms"]["p99"]}
+            print(json.dumps({"rate": rate, **run["engine_process_vs_in_process"]}), file=sys.stderr, flush=True)
+            runs[f"{rate:g}_per_s"] = run
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", default=None, help="A running server (without /v1); default: start one.")
@@ -148,6 +178,10 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=None, help="Fewer requests for a quick check.")
     parser.add_argument("--output", default=None, help="Write the JSON result here too.")
     parser.add_argument("--no-baseline", action="store_true", help="Skip the offline LLM.generate baseline.")
+    parser.add_argument("--compare-frontends", action="store_true",
+                        help="Engine in its own process against in the server's, at two rates (no --url).")
+    parser.add_argument("--sustainable-rate", type=float, default=1.0,
+                        help="The second rate of --compare-frontends, requests/s (default 1.0).")
     parser.add_argument("engine_flags", nargs=argparse.REMAINDER,
                         help="After `--`: EngineArgs flags for the started server and the baseline.")
     args = parser.parse_args()
@@ -155,12 +189,19 @@ def main() -> None:
     workload = load_workload("serving", args.workloads_file)
     num_requests = args.num_requests or workload["num_requests"]
     requests = make_requests(workload, num_requests, workload["request_rate_per_s"])
-
-    server = contextlib.nullcontext(args.url) if args.url else launch_server(["--disable-log-requests", *engine_flags])
-    with server as url:
-        results, duration = measure(url, requests, args.api_key)
-
-    report = {"workload": {**workload, "num_requests": num_requests}, "server": summarize(results, duration)}
+    report: dict = {"workload": {**workload, "num_requests": num_requests}}
+    if args.compare_frontends:
+        if args.url:
+            parser.error("--compare-frontends starts its own servers; it takes no --url.")
+        rates = [workload["request_rate_per_s"], args.sustainable_rate]
+        report["frontends"] = compare_frontends(lambda rate: make_requests(workload, num_requests, rate), rates,
+                                                engine_flags)
+        report["server"] = report["frontends"][f"{rates[0]:g}_per_s"]["engine_process"]
+    else:
+        server = (contextlib.nullcontext(args.url) if args.url
+                  else launch_server(["--disable-log-requests", *engine_flags]))
+        with server as url:
+            report["server"] = summarize(*measure(url, requests, args.api_key))
     print(json.dumps(report["server"]), file=sys.stderr, flush=True)
     if not args.no_baseline:
         report["offline_baseline"] = offline_baseline(requests, engine_flags)

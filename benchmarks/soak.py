@@ -4,8 +4,15 @@ Request i draws its shape from random.Random(seed + i): completion or chat, stre
 guided (choice, regex or JSON) for some; 30% of streamed requests are dropped by the client after a random
 number of events, and some requests give up on a client timeout shorter than their generation. The report
 counts completed requests, the intended drops and timeouts, and errors by kind (which should be none); then
-reads /metrics until nothing is running or waiting and the KV cache usage is back to 0, and gives the
-resident memory of the server and engine processes at the start, middle and end.
+reads /metrics until nothing is running or waiting and the KV cache usage is back to 0.
+
+Memory: the resident set of the server and engine processes is sampled every 5% of the requests; the first
+`--warmup` requests are a warm-up phase, and growth is measured from its end to the end of the run, both
+taken once the server has settled.
+On CPU the KV cache lives in memory the kernel backs only where written, so resident memory rises with the
+blocks touched so far, up to the cache's size: a leak-hunting run wants a cache the warm-up cycles through.
+The script therefore starts its server with --num-gpu-blocks-override 512 (360 MiB on the default model)
+unless the flags after `--` size the cache themselves.
 
 With no --url the script starts `pagedllm serve` (flags after `--` go to it) and stops it at the end.
 """
@@ -34,6 +41,8 @@ from pagedllm.entrypoints.openai.launch import launch_server_process  # noqa: E4
 DROP_FRACTION = 0.3
 TIMEOUT_FRACTION = 0.05
 CLIENT_TIMEOUT_S = 0.05
+SOAK_NUM_BLOCKS = 512  # a KV cache the warm-up writes all of (see the module docstring)
+CACHE_SIZE_FLAGS = {"--num-gpu-blocks-override", "--kv-cache-memory"}
 TOPICS = ["the sea", "a paged KV cache", "autumn", "a small robot", "the number seven", "tea"]
 
 
@@ -145,31 +154,63 @@ def rss_mib(pids: dict[str, int]) -> dict[str, float]:
     return sizes
 
 
+def _growth_pct(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: round(100 * (after[name] - before[name]) / before[name], 2)
+            for name in before if name in after and before[name]}
+
+
 async def soak(url: str, num_requests: int, concurrency: int, seed: int, max_tokens: int,
-               api_key: Optional[str] = None, pids: Optional[dict[str, int]] = None) -> dict[str, Any]:
-    """Send the requests, `concurrency` at a time; the report as a dict."""
+               api_key: Optional[str] = None, pids: Optional[dict[str, int]] = None,
+               warmup: int = 0) -> dict[str, Any]:
+    """Send the requests, `concurrency` at a time; the report as a dict.
+
+    The first `warmup` requests run as a phase of their own: as it drains, the batch shrinks through every
+    size, so the engine's per-size caches (CPU graphs) are built before the memory baseline is taken; the
+    run ends with the same drain. The resident memory of `pids` is sampled every 5% of the requests.
+    """
     pids = pids or {}
     tally = Tally()
-    memory = {"start": rss_mib(pids)}
+    samples: list[dict[str, Any]] = [{"done": 0, **rss_mib(pids)}]
+    every = max(1, num_requests // 20)
+    middle = warmup + (num_requests - warmup) // 2
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     started = time.monotonic()
+    done = 0
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits) as client:
-        pending = iter(range(num_requests))
 
-        async def worker() -> None:
-            for i in pending:
-                await send(client, make_request(i, seed, max_tokens), tally)
-                if i == num_requests // 2:
-                    memory["middle"] = rss_mib(pids)
+        async def run_phase(indices: range) -> dict[str, float]:
+            """Send `indices` and wait until the server has settled; its /metrics then."""
+            pending = iter(indices)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+            async def worker() -> None:
+                nonlocal done
+                for i in pending:
+                    await send(client, make_request(i, seed, max_tokens), tally)
+                    done += 1
+                    if done % every == 0 or done == middle:
+                        samples.append({"done": done, **rss_mib(pids)})
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            settled = await settled_metrics(client)
+            samples.append({"done": done, "settled": True, **rss_mib(pids)})
+            return settled
+
+        if warmup:
+            await run_phase(range(warmup))
+        baseline = samples[-1]
+        after = await run_phase(range(warmup, num_requests))
         elapsed = time.monotonic() - started
-        after = await settled_metrics(client)
-    memory["end"] = rss_mib(pids)
-    return {"num_requests": num_requests, "concurrency": concurrency, "seed": seed, "elapsed_s": round(elapsed, 1),
-            "outcomes": dict(tally.outcomes), "errors": dict(tally.errors), "error_examples": tally.error_examples,
-            "metrics_after": after, "rss_mib": memory}
+
+    def memory_of(sample: dict[str, Any]) -> dict[str, float]:
+        return {name: sample[name] for name in pids if name in sample}
+
+    middle_sample = next(s for s in samples if s["done"] >= middle)
+    memory = {"start": memory_of(baseline), "middle": memory_of(middle_sample), "end": memory_of(samples[-1])}
+    return {"num_requests": num_requests, "warmup_requests": warmup, "concurrency": concurrency, "seed": seed,
+            "elapsed_s": round(elapsed, 1), "outcomes": dict(tally.outcomes), "errors": dict(tally.errors),
+            "error_examples": tally.error_examples, "metrics_after": after, "rss_mib": memory,
+            "rss_growth_after_warmup_pct": _growth_pct(memory["start"], memory["end"]), "rss_samples_mib": samples}
 
 
 def engine_pid(log_path: Path) -> Optional[int]:
@@ -185,12 +226,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32, help="Each request asks for 1 to this many tokens.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="Requests before the memory baseline (default: a fifth of them).")
     parser.add_argument("--output", default=None, help="Write the JSON result here too.")
     parser.add_argument("server_flags", nargs=argparse.REMAINDER, help="After `--`: flags for `pagedllm serve`.")
     args = parser.parse_args()
     flags = [f for f in args.server_flags if f != "--"]
+    if not any(f.split("=")[0] in CACHE_SIZE_FLAGS for f in flags):
+        flags += ["--num-gpu-blocks-override", str(SOAK_NUM_BLOCKS)]
+    warmup = args.num_requests // 5 if args.warmup is None else args.warmup
     run = dict(num_requests=args.num_requests, concurrency=args.concurrency, seed=args.seed,
-               max_tokens=args.max_tokens, api_key=args.api_key)
+               max_tokens=args.max_tokens, api_key=args.api_key, warmup=warmup)
     if args.url:
         result = asyncio.run(soak(args.url, **run))
     else:

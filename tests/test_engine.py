@@ -6,6 +6,7 @@ import logging
 import pytest
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.sampling_params import GuidedDecodingParams
 
 pytestmark = pytest.mark.slow
 
@@ -94,3 +95,27 @@ def test_abort_after_preemption_frees_every_block(small_llm):
     engine.abort_request(ids)
     assert not engine.has_unfinished_requests()
     assert scheduler.kv_cache.num_free_blocks == scheduler.kv_cache.num_blocks
+
+
+def test_no_per_request_state_outlives_its_requests(llm):
+    """Finished, stopped, aborted, n > 1 and guided requests leave no record in the engine, scheduler, KV
+    cache manager or worker: a long-running server's memory does not grow with the requests it served."""
+    engine = llm.llm_engine
+    scheduler, worker = engine.scheduler, engine.model_executor.worker
+    guided = GuidedDecodingParams(choice=["yes", "no"])
+    engine.add_request("state-n2", "Name a colour:", SamplingParams(n=2, seed=1, max_tokens=4))
+    engine.add_request("state-stop", "Count: one, two,", SamplingParams(max_tokens=8, stop=[","], temperature=0))
+    engine.add_request("state-guided", "Yes or no?", SamplingParams(max_tokens=4, guided_decoding=guided))
+    engine.add_request("state-aborted", "Tell me a long story", greedy(16))
+    engine.step()
+    engine.abort_request("state-aborted")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.requests == {} and engine.parents == {} and scheduler.requests == {}
+    assert scheduler.kv_cache._num_hashed == {} and scheduler.kv_cache.swapped_block_ids == {}
+    engine.add_request("state-next", "Hello", greedy(2))  # its first step tells the worker what finished
+    while engine.has_unfinished_requests():
+        engine.step()
+    runner = worker.model_runner
+    assert not [rid for rid in runner.input_state.requests if "state-" in rid and "state-next" not in rid]
+    assert not [rid for rid in runner.generators if "state-" in rid and "state-next" not in rid]

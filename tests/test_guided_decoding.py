@@ -7,6 +7,7 @@ import re
 import pytest
 
 from pagedllm import SamplingParams
+from pagedllm.sample.guided_decoding import GrammarManager
 from pagedllm.sampling_params import GuidedDecodingParams
 
 SCHEMA = {
@@ -95,3 +96,18 @@ def test_compiled_grammars_are_cached_per_engine(llm):
     size = grammars._get_compiler().get_cache_size_bytes()
     grammars.compile(GuidedDecodingParams(regex=r"[a-c]{2}"))
     assert grammars._get_compiler().get_cache_size_bytes() == size > 0
+
+
+def test_compiled_grammar_cache_is_bounded(llm, monkeypatch):
+    """Distinct constraints past VLLM_XGRAMMAR_CACHE_MB push the least recently used out of the cache."""
+    monkeypatch.setenv("VLLM_XGRAMMAR_CACHE_MB", "1")
+    engine = llm.llm_engine
+    grammars = GrammarManager(engine.tokenizer, engine.model_config.vocab_size, engine.grammars.stop_token_ids)
+    assert grammars.cache_limit_bytes == 2**20
+    compiler = grammars._get_compiler()
+    grammars.compile(GuidedDecodingParams(regex="[a-z]{1,2}x"))
+    one = compiler.get_cache_size_bytes()
+    for i in range(80):
+        grammars.compile(GuidedDecodingParams(regex=f"[a-z]{{1,{i + 3}}}x{i}"))
+    assert 81 * one > 3 * grammars.cache_limit_bytes  # unbounded, the cache would hold far more
+    assert compiler.get_cache_size_bytes() < 1.5 * grammars.cache_limit_bytes

@@ -20,4 +20,7 @@ class ModelRunnerOutput(NamedTuple):
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
     draft_token_ids: dict[str, list[int]] = {}  # proposals to verify in the request's next step
+    # Requests that failed on their own this step (their seed, logits processor, non-finite logits): id -> why.
+    # They have no sampled token; the engine finishes them with an error and the batch goes on.
+    failed: dict[str, str] = {}
 

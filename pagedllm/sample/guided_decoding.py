@@ -1,7 +1,8 @@
 """Guided decoding on xgrammar: compile a request's constraint once, then mask its tokens step by step.
 
 The engine owns one `GrammarManager`: its compiler caches compiled grammars (the same schema compiles
-once per engine). Each guided request's record holds its own matcher. Each step the manager fills a packed
+once per engine), least recently used first out past VLLM_XGRAMMAR_CACHE_MB (512), so that a stream of
+distinct schemas cannot grow the engine's memory without bound. Each guided request's record holds its own matcher. Each step the manager fills a packed
 token bitmask for the guided requests that sample (the sampler turns it into a mask), then each matcher is
 advanced with the token that was sampled.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+import os
+from typing import Any, Optional
 
 import torch
 
@@ -18,9 +20,17 @@ from pagedllm.sampling_params import GuidedDecodingParams
 logger = logging.getLogger(__name__)
 
 
+def _cache_limit_bytes() -> int:
+    """VLLM_XGRAMMAR_CACHE_MB (or its PAGEDLLM_ twin) in bytes; 512 MiB by default, as in vLLM."""
+    megabytes = os.environ.get("PAGEDLLM_XGRAMMAR_CACHE_MB") or os.environ.get("VLLM_XGRAMMAR_CACHE_MB") or "512"
+    return int(megabytes) * 2**20
+
+
 class GrammarManager:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 cache_limit_bytes: Optional[int] = None) -> None:
         self.tokenizer = tokenizer
+        self.cache_limit_bytes = _cache_limit_bytes() if cache_limit_bytes is None else cache_limit_bytes
         self.vocab_size = vocab_size
         self.stop_token_ids = stop_token_ids
         self._compiler: Any = None  # built on the first guided request: it reads the whole vocabulary
@@ -56,25 +66,30 @@ class GrammarManager:
 
             info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=self.cache_limit_bytes)
         return self._compiler
 
-    def bitmasks(self, matchers: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def bitmasks(self, matchers: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Packed int32 masks [vocab/32] of the next allowed tokens, by request id, for the given matchers
-        (request id -> matcher) that are not terminated."""
+        (request id -> matcher) that are not terminated; and the requests whose matcher failed (id -> why),
+        which fail alone."""
         import xgrammar as xgr
 
         live = {rid: m for rid, m in matchers.items() if not m.is_terminated()}
         if not live:
-            return {}
+            return {}, {}
         masks = xgr.allocate_token_bitmask(len(live), self.vocab_size)
-        for i, matcher in enumerate(live.values()):
-            matcher.fill_next_token_bitmask(masks, i)
-        return dict(zip(live, masks))
+        failed = {}
+        for i, (request_id, matcher) in enumerate(live.items()):
+            try:
+                matcher.fill_next_token_bitmask(masks, i)
+            except Exception as error:
+                failed[request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
+        return {rid: mask for rid, mask in zip(live, masks) if rid not in failed}, failed
 
 
 def accept_token(request_id: str, matcher: Any, token_id: int) -> None:
-    """Advance a guided request's matcher by its sampled token."""
+    """Advance a guided request's matcher by its sampled token (an exception fails the request)."""
     if not matcher.is_terminated() and not matcher.accept_token(token_id):
         logger.warning("Request %s: token %d does not fit its guided decoding grammar.", request_id, token_id)
 

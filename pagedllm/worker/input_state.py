@@ -23,6 +23,7 @@ class WorkerRequest(TokenCounts):
         self.num_computed_tokens = data.num_computed_tokens
         self.lora_request: Any = data.lora_request
         self.spec_token_ids: list[int] = []  # proposed tokens verified after its last one this step
+        self.prompt_embeds: Any = data.prompt_embeds  # [prompt len, hidden] tensor, or None
 
 
 class InputState:

@@ -152,3 +152,20 @@ def test_prefix_hits_count_as_computed_and_are_reported_once():
     c, d = add(scheduler, "c", 9, first_token=50), add(scheduler, "d", 9, first_token=50)
     assert plan(step(scheduler))[-2:] == [("c", 9), ("d", 1)] and d.block_ids[:2] == c.block_ids[:2]
     assert scheduler.kv_cache.prefix_cache_stats.hits == 16
+
+
+def test_recompute_on_a_cache_too_small_for_the_load_takes_no_more_steps_than_swap():
+    """50 requests on a cache that holds about one: recompute preemption must not thrash (a readmitted
+    request evicted again before it makes progress); it finishes every request in the steps swap needs."""
+    steps = {}
+    for mode in ("swap", "recompute"):
+        scheduler = make_scheduler(num_blocks=16, budget=256, max_num_seqs=64, mode=mode, caching=True,
+                                   num_swap_blocks=1000 if mode == "swap" else 0)
+        requests = [add(scheduler, str(i), 3, max_tokens=40, first_token=100 * i) for i in range(50)]
+        steps[mode] = 0
+        while scheduler.has_unfinished_requests() and steps[mode] < 20_000:
+            step(scheduler)
+            steps[mode] += 1
+        assert all(r.num_output_tokens == 40 for r in requests)
+        assert scheduler.num_preemptions > 0
+    assert steps["recompute"] <= 1.1 * steps["swap"], steps
