@@ -54,6 +54,7 @@ class _Feed:
         self.proposed: list[int] = []
         self.all_token_ids: list[int] = tokens
         self.spec_token_ids: list[int] = []
+        self.prompt_embeds = None  # the draft reads token ids only; verification keeps the output exact
 
     @property
     def num_tokens(self) -> int:

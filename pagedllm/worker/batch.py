@@ -72,7 +72,7 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
         query_starts=query_starts, sample_rows=sample_rows,
         sample_token_indices=torch.tensor(
             [query_starts[i] + ordered[i][1] - 1 - j for i in sample_rows
-             for j in range(len(ordered[i][0].spec_token_ids), -1, -1)], dtype=torch.long, device=device)),
+             for j in range(len(ordered[i][0].spec_token_ids), -1, -1)], dtype=torch.long, device=device),
         prompt_embeds=_prompt_embeds(ordered, query_starts, device))
 
 
