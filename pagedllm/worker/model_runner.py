@@ -12,6 +12,7 @@ from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
@@ -42,6 +43,9 @@ class ModelRunner:
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.decode_graphs: Optional[DecodeGraphs] = None
         self.input_state = InputState()
+        self.lora: Optional[LoRAManager] = None
+        if config.lora_config is not None:
+            self.lora = LoRAManager(model, config.lora_config, config.model_config.hf_config, device)
 
     def initialize_cache(self, num_blocks: int) -> None:
         shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
@@ -79,7 +83,10 @@ class ModelRunner:
         """One forward pass over these requests' tokens, then sampling."""
         batch = build_model_input(scheduled, self.block_size, self.device)
         start = time.perf_counter()
-        hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
+        # A CPU graph records no LoRA updates (a step without LoRA rows runs none): steps with them run eagerly.
+        uses_lora = self.lora is not None and self.lora.prepare(batch.requests, batch.num_new_tokens,
+                                                                batch.query_starts)
+        hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None and not uses_lora else None
         if hidden is None:
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata)
         if self.device.type == "cuda":

@@ -14,6 +14,7 @@ from pagedllm.distributed.communication import SINGLE_PROCESS, ParallelContext
 from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.process_groups import destroy_distributed, init_distributed
 from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.lora.request import LoRARequest
 from pagedllm.model.loader import load_model
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.profiler import WorkerProfiler
@@ -87,6 +88,19 @@ class Worker:
         if scheduler_output.blocks_to_swap_in:
             self.swap_space.swap_in(scheduler_output.blocks_to_swap_in)
         return self.model_runner.execute_model(scheduler_output)
+
+    # LoRA adapters, through the engine's collective_rpc (LoRA must be enabled).
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.model_runner.lora.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.model_runner.lora.remove(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.model_runner.lora.pin(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.model_runner.lora.list()
 
     def start_profile(self) -> None:
         self.profiler.start()

@@ -1,0 +1,70 @@
+"""The LoRA updates of one merged linear layer, one per slot, applied to each row by the slot it uses.
+
+A merged layer computes several projections (Q, K and V; gate and up). Its slots stack every projection's A
+side by side and its B block-diagonally, so one shrink and one expand per slot cover them all:
+A [slots, in, shards * R] and B [slots, shards * R, out], with each adapter's rank padded to R
+(max_lora_rank) by zeros. Under tensor parallelism the updates split like the base weights: a
+column-parallel layer keeps its rows of each B, a row-parallel one its input columns of A (its partial update
+joins the layer's all-reduce, so the sum over ranks is x A B).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+import torch
+
+from pagedllm.lora.peft import LoRAWeights
+from pagedllm.model.layers import MergedLinear
+from pagedllm.model.parallel_layers import ColumnParallelLinear, RowParallelLinear
+
+Rows = Union[slice, torch.Tensor]
+
+
+@dataclass
+class LoRAStep:
+    """This step's rows of each slot: (slot, token rows as a slice or an index tensor); empty when no row uses
+    an adapter, so that a step without LoRA costs one check per layer."""
+
+    groups: list[tuple[int, Rows]] = field(default_factory=list)
+
+
+class LoRALinear:
+    """The slots of one merged layer, applied after its base product (MergedLinear.forward calls `add_to`)."""
+
+    def __init__(self, layer: MergedLinear, step: LoRAStep, max_loras: int, max_rank: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.layer, self.step, self.max_rank = layer, step, max_rank
+        num_shards = 1 if isinstance(layer, RowParallelLinear) else len(layer.output_sizes)
+        width = num_shards * max_rank
+        self.a = torch.zeros(max_loras, layer.input_size, width, dtype=dtype, device=device)
+        self.b = torch.zeros(max_loras, width, sum(layer.output_sizes), dtype=dtype, device=device)
+
+    def load(self, slot: int, shard: int, weights: LoRAWeights) -> None:
+        """Place one projection's A [r, in] and B [out, r] (this rank's part) in `slot`."""
+        a, b = weights.a, weights.b
+        rank, column = a.shape[0], shard * self.max_rank
+        layer = self.layer
+        if isinstance(layer, RowParallelLinear):
+            start, count = layer.input_slice
+            a = a[:, start:start + count]
+        elif isinstance(layer, ColumnParallelLinear):
+            start, count = layer.row_slices[shard]
+            b = b[start:start + count]
+        offset = sum(layer.output_sizes[:shard])
+        self.a[slot, :, column:column + rank].copy_(a.t())
+        self.b[slot, column:column + rank, offset:offset + b.shape[0]].copy_(b.t())
+
+    def clear(self, slot: int) -> None:
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+
+    def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y [T, out] += x [T, in] A_s B_s for each row's slot s (rows without an adapter unchanged)."""
+        for slot, rows in self.step.groups:
+            delta = (x[rows].to(self.a.dtype) @ self.a[slot]) @ self.b[slot]
+            if isinstance(rows, slice):
+                y[rows] += delta.to(y.dtype)
+            else:
+                y.index_add_(0, rows, delta.to(y.dtype))
+        return y
