@@ -13,7 +13,7 @@ ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 B_STD = 0.04
 
 
-def make_adapter(hf_model, folder: Path, seed: int, rank: int = 8, alpha: int = 16, use_rslora: bool = False,
+def _make_adapter(hf_model, folder: Path, seed: int, rank: int = 8, alpha: int = 16, use_rslora: bool = False,
                  targets: Optional[list[str]] = None):
     """Save a PEFT adapter of `hf_model` (left unchanged) in `folder`; return the PeftModel that applies it."""
     from peft import LoraConfig, get_peft_model
@@ -33,6 +33,12 @@ def make_adapter(hf_model, folder: Path, seed: int, rank: int = 8, alpha: int = 
 
 
 @pytest.fixture(scope="session")
+def make_adapter(hf_model):
+    """make_adapter(folder, seed, rank=8, alpha=16, use_rslora=False, targets=None) -> the PeftModel it saved."""
+    return lambda folder, seed, **spec: _make_adapter(hf_model, folder, seed, **spec)
+
+
+@pytest.fixture(scope="session")
 def adapters(tmp_path_factory, hf_model) -> list[str]:
     """Four adapters' folders: rank 8, rank 16 under rsLoRA, rank 8 on attention only, rank 16."""
     root = tmp_path_factory.mktemp("adapters")
@@ -41,6 +47,14 @@ def adapters(tmp_path_factory, hf_model) -> list[str]:
     folders = []
     for i, spec in enumerate(specs):
         folder = root / f"adapter{i}"
-        make_adapter(hf_model, folder, seed=100 + i, **spec)
+        _make_adapter(hf_model, folder, seed=100 + i, **spec)
         folders.append(str(folder))
     return folders
+
+
+@pytest.fixture(scope="session")
+def lora_llm():
+    """The default model with LoRA on: four slots, ranks up to 16 (tests must not leave adapters pinned)."""
+    from pagedllm import LLM
+
+    return LLM(enable_lora=True, max_loras=4, max_lora_rank=16)

@@ -17,6 +17,7 @@ class AddRequest:
     params: SamplingParams
     trace_headers: Optional[dict[str, str]] = None
     priority: int = 0
+    lora_request: Any = None
 
 
 @dataclass
@@ -26,10 +27,12 @@ class AbortRequests:
 
 @dataclass
 class Query:
-    """Ask the engine process for a value between two steps: "health" or "metrics"."""
+    """Ask the engine process for a value between two steps: "health", "metrics", or one of the LoRA calls
+    ("add_lora", "remove_lora", "list_loras") with its arguments."""
 
     query_id: int
     what: str
+    args: tuple = ()
 
 
 @dataclass
