@@ -39,7 +39,7 @@ def test_at_most_max_loras_adapters_per_step_others_wait_in_order():
     assert [r.request_id for r in scheduler.waiting] == ["c", "f"]  # still first in line
     scheduler.finish_requests(["a", "b", "e"], status=scheduler.requests["a"].status.FINISHED_STOPPED)
     out = scheduler.schedule()
-    assert list(out.num_scheduled_tokens) == ["d", "c", "f"] or set(out.num_scheduled_tokens) >= {"c", "f"}
+    assert list(out.num_scheduled_tokens) == ["d", "c", "f"]
 
 
 def test_prefix_cache_hits_only_for_the_same_adapter():
