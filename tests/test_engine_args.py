@@ -148,7 +148,7 @@ def test_an_unknown_task_lists_the_valid_ones():
 
 
 @pytest.mark.parametrize("name, value, reason", [
-    ("enable_lora", True, "LoRA adapters are not applied yet"),
+    ("fully_sharded_loras", True, "LoRA weights split over tensor-parallel ranks as their base layers do"),
     ("speculative_config", {"method": "ngram", "num_speculative_tokens": 2}, "speculative decoding"),
     ("task", "embed", "only text generation"),
     ("enable_sleep_mode", True, "sleep mode"),

@@ -112,14 +112,14 @@ def _weights(name: str, module: str, pair: dict[str, torch.Tensor], rank: int, s
     if set(pair) != {"A", "B"}:
         raise ValueError(f"Adapter {name!r} has lora_A without lora_B (or the reverse) for {module!r}.")
     a, b = pair["A"], pair["B"]
-    expected_in, expected_out = _projection_shape(module.rsplit(".", 1)[-1], hf_config)
+    expected_in, expected_out = projection_shape(module.rsplit(".", 1)[-1], hf_config)
     if tuple(a.shape) != (rank, expected_in) or tuple(b.shape) != (expected_out, rank):
         raise ValueError(f"Adapter {name!r}: {module} has lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}, "
                          f"expected ({rank}, {expected_in}) and ({expected_out}, {rank}) for this model.")
     return LoRAWeights(a.to(dtype).contiguous(), (b.float() * scaling).to(dtype).contiguous())
 
 
-def _projection_shape(projection: str, hf_config: Any) -> tuple[int, int]:
+def projection_shape(projection: str, hf_config: Any) -> tuple[int, int]:
     """(in, out) features of a projection of the model."""
     hidden, d = hf_config.hidden_size, head_dim(hf_config)
     q, kv, mlp = hf_config.num_attention_heads * d, hf_config.num_key_value_heads * d, hf_config.intermediate_size
