@@ -1,16 +1,17 @@
 """The LoRA updates of one merged linear layer, one per slot, applied to each row by the slot it uses.
 
 A merged layer computes several projections (Q, K and V; gate and up). Its slots stack every projection's A
-side by side and its B block-diagonally, so one shrink and one expand per slot cover them all:
+side by side and its B block-diagonally, so that one shrink and one expand cover them all:
 A [slots, in, shards * R] and B [slots, shards * R, out], with each adapter's rank padded to R
-(max_lora_rank) by zeros. Under tensor parallelism the updates split like the base weights: a
+(max_lora_rank) by zeros. A step's rows are grouped by adapter once (manager.py), and every layer then runs
+one batched shrink and one batched expand over the groups, however many adapters the step uses. Under tensor parallelism the updates split like the base weights: a
 column-parallel layer keeps its rows of each B, a row-parallel one its input columns of A (its partial update
 joins the layer's all-reduce, so the sum over ranks is x A B).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Union
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -18,15 +19,19 @@ from pagedllm.lora.peft import LoRAWeights
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
-Rows = Union[slice, torch.Tensor]
-
-
 @dataclass
 class LoRAStep:
-    """This step's rows of each slot: (slot, token rows as a slice or an index tensor); empty when no row uses
-    an adapter, so that a step without LoRA costs one check per layer."""
+    """This step's rows of each adapter, laid out once per step for every layer. Without LoRA rows `active`
+    is False and a layer's only cost is that check. When one adapter covers every row, `whole` is its slot;
+    otherwise the rows of group g (one per adapter) are `gather[g]`, padded to the largest group with
+    masked-out rows, and `slots[g]` is its slot (None: every slot in order, so the stacked weights serve as
+    they are)."""
 
-    groups: list[tuple[int, Rows]] = field(default_factory=list)
+    active: bool = False
+    whole: Optional[int] = None
+    gather: Optional[torch.Tensor] = None  # [G, n] token rows
+    mask: Optional[torch.Tensor] = None  # [G, n, 1]: 1 for a real row, 0 for padding
+    slots: Optional[torch.Tensor] = None  # [G]
 
 
 class LoRALinear:
@@ -60,11 +65,14 @@ class LoRALinear:
         self.b[slot].zero_()
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y [T, out] += x [T, in] A_s B_s for each row's slot s (rows without an adapter unchanged)."""
-        for slot, rows in self.step.groups:
-            delta = (x[rows].to(self.a.dtype) @ self.a[slot]) @ self.b[slot]
-            if isinstance(rows, slice):
-                y[rows] += delta.to(y.dtype)
-            else:
-                y.index_add_(0, rows, delta.to(y.dtype))
-        return y
+        """y [T, out] += x [T, in] A_s B_s for each row's slot s (rows without an adapter unchanged): one
+        batched shrink and one batched expand over the step's adapters."""
+        step = self.step
+        if not step.active:
+            return y
+        if step.whole is not None:
+            return y.add_(((x.to(self.a.dtype) @ self.a[step.whole]) @ self.b[step.whole]).to(y.dtype))
+        a, b = (self.a, self.b) if step.slots is None else (self.a[step.slots], self.b[step.slots])
+        rows = x.to(self.a.dtype)[step.gather].mul_(step.mask)  # [G, n, in]
+        delta = torch.bmm(torch.bmm(rows, a), b)  # [G, n, out]
+        return y.index_add_(0, step.gather.flatten(), delta.flatten(0, 1).to(y.dtype))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pagedllm.config import LoRAConfig
-from pagedllm.lora.layers import LoRALinear, LoRAStep, Rows
+from pagedllm.lora.layers import LoRALinear, LoRAStep
 from pagedllm.lora.peft import LoRAAdapter, read_adapter
 from pagedllm.lora.request import LoRARequest
 
@@ -71,14 +71,14 @@ class LoRAManager:
     def prepare(self, requests: Sequence[Any], num_tokens: Sequence[int], starts: Sequence[int]) -> bool:
         """Give each adapter of this step's rows a slot and map the rows (request i has num_tokens[i] rows from
         starts[i]) to it; whether any row uses an adapter."""
-        ranges: dict[int, list[tuple[int, int]]] = {}
+        rows: dict[int, list[int]] = {}
         in_use: set[int] = set()
         for request, n, start in zip(requests, num_tokens, starts):
             if request.lora_request is not None:
                 slot = self._activate(request.lora_request, in_use)
-                ranges.setdefault(slot, []).append((start, n))
-        self.step.groups = [(slot, _rows(spans, self.device)) for slot, spans in ranges.items()]
-        return bool(self.step.groups)
+                rows.setdefault(slot, []).extend(range(start, start + n))
+        self._lay_out(rows, sum(num_tokens))
+        return self.step.active
 
     def _activate(self, request: LoRARequest, in_use: set[int]) -> int:
         lora_id = request.lora_int_id
@@ -112,10 +112,20 @@ class LoRAManager:
             raise RuntimeError(f"A step uses more than max_loras ({self.config.max_loras}) LoRA adapters.")
         return self.slots.pop(victim)
 
-
-def _rows(spans: list[tuple[int, int]], device: torch.device) -> Rows:
-    """Token rows of (start, count) spans: a slice when they are contiguous, else an index tensor."""
-    spans.sort()
-    if all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:])):
-        return slice(spans[0][0], spans[-1][0] + spans[-1][1])
-    return torch.cat([torch.arange(start, start + n) for start, n in spans]).to(device)
+    def _lay_out(self, rows: dict[int, list[int]], num_rows: int) -> None:
+        """The step's rows by slot as LoRAStep describes them."""
+        step = self.step
+        step.active, step.whole = bool(rows), None
+        if not rows:
+            return
+        if len(rows) == 1 and len(next(iter(rows.values()))) == num_rows:
+            step.whole = next(iter(rows))
+            return
+        slots = sorted(rows)
+        width = max(len(r) for r in rows.values())
+        gather = torch.tensor([rows[s] + [rows[s][0]] * (width - len(rows[s])) for s in slots])
+        mask = torch.tensor([[1.0] * len(rows[s]) + [0.0] * (width - len(rows[s])) for s in slots])
+        step.gather = gather.to(self.device)
+        step.mask = mask.to(self.device, self.config.lora_dtype).unsqueeze(-1)
+        every_slot = slots == list(range(self.config.max_loras))
+        step.slots = None if every_slot else torch.tensor(slots, device=self.device)
