@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from pagedllm.lora.peft import LoRAWeights
+from pagedllm.model.cpu_kernels import replayable
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.parallel_layers import ColumnParallelLinear, RowParallelLinear
 
@@ -65,11 +66,15 @@ class LoRALinear:
         self.b[slot].zero_()
 
     def add_to(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y [T, out] += x [T, in] A_s B_s for each row's slot s (rows without an adapter unchanged): one
-        batched shrink and one batched expand over the step's adapters."""
-        step = self.step
-        if not step.active:
+        """y [T, out] += x [T, in] A_s B_s for each row's slot s (rows without an adapter unchanged), in place.
+        A CPU graph records it as a PyTorch step, which reads the step's layout again on each replay."""
+        if not self.step.active:
             return y
+        return replayable(lambda: self._add(x, y))
+
+    def _add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One batched shrink and one batched expand over the step's adapters."""
+        step = self.step
         if step.whole is not None:
             return y.add_(((x.to(self.a.dtype) @ self.a[step.whole]) @ self.b[step.whole]).to(y.dtype))
         a, b = (self.a, self.b) if step.slots is None else (self.a[step.slots], self.b[step.slots])

@@ -42,6 +42,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.decode_graphs: Optional[DecodeGraphs] = None
+        self.lora_decode_graphs: Optional[DecodeGraphs] = None  # steps with LoRA rows record their updates too
         self.input_state = InputState()
         self.lora: Optional[LoRAManager] = None
         if config.lora_config is not None:
@@ -60,6 +61,9 @@ class ModelRunner:
                 and self.ranks.world_size == 1):
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                               self.block_size)
+            if self.lora is not None:
+                self.lora_decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
+                                                       self.block_size)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -83,10 +87,10 @@ class ModelRunner:
         """One forward pass over these requests' tokens, then sampling."""
         batch = build_model_input(scheduled, self.block_size, self.device)
         start = time.perf_counter()
-        # A CPU graph records no LoRA updates (a step without LoRA rows runs none): steps with them run eagerly.
         uses_lora = self.lora is not None and self.lora.prepare(batch.requests, batch.num_new_tokens,
                                                                 batch.query_starts)
-        hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None and not uses_lora else None
+        graphs = self.lora_decode_graphs if uses_lora else self.decode_graphs
+        hidden = graphs.forward(batch) if graphs is not None else None
         if hidden is None:
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata)
         if self.device.type == "cuda":

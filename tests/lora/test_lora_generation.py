@@ -83,3 +83,13 @@ def test_tensor_parallel_mp_gives_the_uniproc_tokens(lora_llm, adapters, prompt_
         assert sharded.list_loras() == {2, 3}
     finally:
         del sharded
+
+
+def test_cpu_graphs_replay_lora_steps_as_eager(lora_llm, adapters, prompt_ids):
+    requests = [lora(adapters, 0), None, lora(adapters, 3)]
+    prompts = [{"prompt_token_ids": ids} for ids in prompt_ids]
+    replayed = tokens(lora_llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=requests))
+    runner = lora_llm.llm_engine.model_executor.worker.model_runner
+    assert runner.lora_decode_graphs.run_plan is not None and 3 in runner.lora_decode_graphs.graphs
+    eager = LLM(enable_lora=True, max_loras=4, max_lora_rank=16, enforce_eager=True)
+    assert tokens(eager.generate(prompts, GREEDY, use_tqdm=False, lora_request=requests)) == replayed
