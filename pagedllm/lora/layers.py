@@ -4,9 +4,11 @@ A merged layer computes several projections (Q, K and V; gate and up). Its slots
 side by side and its B block-diagonally, so that one shrink and one expand cover them all:
 A [slots, in, shards * R] and B [slots, shards * R, out], with each adapter's rank padded to R
 (max_lora_rank) by zeros. A step's rows are grouped by adapter once (manager.py), and every layer then runs
-one batched shrink and one batched expand over the groups, however many adapters the step uses. Under tensor parallelism the updates split like the base weights: a
-column-parallel layer keeps its rows of each B, a row-parallel one its input columns of A (its partial update
-joins the layer's all-reduce, so the sum over ranks is x A B).
+one batched shrink and one batched expand over the groups, however many adapters the step uses.
+
+Under tensor parallelism the updates split like the base weights: a column-parallel layer keeps its rows of
+each B, a row-parallel one its input columns of A (its partial update joins the layer's all-reduce, so the
+sum over ranks is x A B).
 """
 from __future__ import annotations
 

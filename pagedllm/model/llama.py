@@ -181,7 +181,8 @@ class LlamaForCausalLM(nn.Module):
                 block = getattr(layer, parent)
                 for projection, (merged, shard) in _MERGED_SHARDS.items():
                     if hasattr(block, merged):
-                        targets[f"layers.{self.first_layer + local}.{parent}.{projection}"] = (getattr(block, merged), shard)
+                        name = f"layers.{self.first_layer + local}.{parent}.{projection}"
+                        targets[name] = (getattr(block, merged), shard)
         return targets
 
     def _local_name(self, name: str) -> Optional[str]:
