@@ -10,7 +10,7 @@ import torch
 
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Random B at this scale moves the model's greedy tokens visibly without turning them into noise.
-B_STD = 0.04
+B_STD = 0.06
 
 
 def _make_adapter(hf_model, folder: Path, seed: int, rank: int = 8, alpha: int = 16, use_rslora: bool = False,
@@ -43,7 +43,7 @@ def adapters(tmp_path_factory, hf_model) -> list[str]:
     """Four adapters' folders: rank 8, rank 16 under rsLoRA, rank 8 on attention only, rank 16."""
     root = tmp_path_factory.mktemp("adapters")
     specs = [dict(rank=8), dict(rank=16, use_rslora=True), dict(rank=8, targets=["q_proj", "v_proj", "o_proj"]),
-             dict(rank=16, alpha=8)]
+             dict(rank=16, alpha=32)]
     folders = []
     for i, spec in enumerate(specs):
         folder = root / f"adapter{i}"
