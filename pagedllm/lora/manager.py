@@ -35,6 +35,12 @@ class LoRAManager:
         self.slots: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, least recently used first
         self.pinned: set[int] = set()
 
+    def attach(self, model: nn.Module) -> None:
+        """Hook the slots into the layers of a reloaded copy of the model (sleep mode's level 2)."""
+        for name, (layer, _) in model.lora_targets().items():
+            linear = self.targets[name][0]
+            linear.layer, layer.lora = layer, linear
+
     # --- the engine's calls (collective_rpc) ------------------------------------------------------------------
 
     def add(self, request: LoRARequest) -> bool:

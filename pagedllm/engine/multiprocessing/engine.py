@@ -101,7 +101,7 @@ class _EngineLoop:
                 from prometheus_client import generate_latest
 
                 return Answer(query.query_id, generate_latest())
-            if query.what in _LORA_CALLS:
+            if query.what in ("sleep", "wake_up", "is_sleeping", *_LORA_CALLS):
                 return Answer(query.query_id, getattr(self.engine, query.what)(*query.args))
             return Answer(query.query_id, error=f"Unknown query {query.what!r}.")
         except Exception as error:

@@ -27,8 +27,9 @@ class AbortRequests:
 
 @dataclass
 class Query:
-    """Ask the engine process for a value between two steps: "health", "metrics", or one of the LoRA calls
-    ("add_lora", "remove_lora", "list_loras") with its arguments."""
+    """Ask the engine process for a value, or to act, between two steps: "health", "metrics", "sleep",
+    "wake_up", "is_sleeping" or a LoRA call ("add_lora", "remove_lora", "list_loras"), with the call's
+    arguments."""
 
     query_id: int
     what: str
