@@ -90,6 +90,12 @@ WORKS = {
     "model_impl": ("vllm", lambda c: True),  # pagedllm's own implementation, as "auto"
     "enable_sleep_mode": (True, lambda c: c.model_config.enable_sleep_mode),
     "enable_prompt_embeds": (True, lambda c: c.model_config.enable_prompt_embeds),
+    "enable_lora": (True, lambda c: c.lora_config.max_loras == 1 and c.scheduler_config.max_loras == 1),
+    # The other LoRA fields act with enable_lora (tests/lora/test_lora_config.py), as in vLLM.
+    "max_loras": (2, lambda c: c.lora_config is None),
+    "max_lora_rank": (8, lambda c: c.lora_config is None),
+    "max_cpu_loras": (2, lambda c: c.lora_config is None),
+    "lora_dtype": ("bfloat16", lambda c: c.lora_config is None),
 }
 
 
