@@ -4,6 +4,7 @@ from pagedllm.engine.async_engine import AsyncLLMEngine
 from pagedllm.engine.llm import LLM
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.inputs import PromptType, TextPrompt, TokensPrompt
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import CompletionOutput, Logprob, PoolingRequestOutput, RequestMetrics, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -13,5 +14,5 @@ __all__ = [
     "LLM", "LLMEngine", "AsyncLLMEngine", "EngineArgs", "AsyncEngineArgs", "SamplingParams", "BeamSearchParams",
     "RequestOutputKind",
     "RequestOutput", "CompletionOutput", "PoolingRequestOutput", "RequestMetrics", "Logprob",
-    "PromptType", "TextPrompt", "TokensPrompt", "__version__",
+    "PromptType", "TextPrompt", "TokensPrompt", "LoRARequest", "__version__",
 ]

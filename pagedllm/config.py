@@ -78,6 +78,7 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0
     num_lookahead_slots: int = 0
     speculative_disable_by_batch_size: Optional[int] = None
+    max_loras: int = 0  # distinct LoRA adapters one step may use (0: LoRA is off)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,18 @@ class ObservabilityConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    max_loras: int  # adapters one step may use (slots in the model's layers)
+    max_lora_rank: int
+    max_cpu_loras: int  # adapters the workers keep read in host memory
+    lora_dtype: Any  # torch dtype of the adapters' weights
+
+
+# vLLM's allowed values of max_lora_rank.
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine, scheduler and workers are built from."""
 
@@ -113,7 +126,7 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
     observability_config: ObservabilityConfig
-    lora_config: Optional[dict] = None
+    lora_config: Optional[LoRAConfig] = None
     speculative_config: Optional[SpeculativeConfig] = None
 
 
@@ -181,6 +194,7 @@ class EngineArgs(CompatArgs):
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: Optional[int] = None
+    lora_dtype: Optional[str] = "auto"
     speculative_config: Optional[dict] = None
     enable_sleep_mode: bool = False
 
@@ -265,9 +279,24 @@ class EngineArgs(CompatArgs):
             parallel_config=self._parallel_config(source.hf_config), device_config=DeviceConfig(device),
             observability_config=ObservabilityConfig(self.otlp_traces_endpoint, self.collect_detailed_traces,
                                                      self.disable_log_stats),
-            lora_config=({"max_loras": self.max_loras, "max_lora_rank": self.max_lora_rank,
-                          "max_cpu_loras": self.max_cpu_loras or self.max_loras} if self.enable_lora else None),
+            lora_config=self._lora_config(dtype) if self.enable_lora else None,
             speculative_config=speculative)
+
+    def _lora_config(self, model_dtype: Any) -> LoRAConfig:
+        if self.max_lora_rank not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank ({self.max_lora_rank}) must be one of {LORA_RANKS}.")
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras ({self.max_loras}) must be >= 1.")
+        max_cpu_loras = self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+        if max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({self.max_loras})")
+        if self.lora_dtype in (None, "auto"):
+            lora_dtype = model_dtype
+        elif self.lora_dtype in ("float32", "float16", "bfloat16"):
+            lora_dtype = _resolve_dtype(self.lora_dtype, "cpu")
+        else:
+            raise ValueError(f"lora_dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.lora_dtype!r}.")
+        return LoRAConfig(self.max_loras, self.max_lora_rank, max_cpu_loras, lora_dtype)
 
     def _scheduler_config(self, max_model_len: int, speculative: Optional[SpeculativeConfig] = None
                           ) -> SchedulerConfig:
@@ -293,7 +322,7 @@ class EngineArgs(CompatArgs):
         return SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, preemption_mode=self.preemption_mode, policy=self.scheduling_policy,
-            num_scheduler_steps=self.num_scheduler_steps,
+            num_scheduler_steps=self.num_scheduler_steps, max_loras=self.max_loras if self.enable_lora else 0,
             num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
             num_lookahead_slots=speculative.num_lookahead_slots if speculative else 0,
             speculative_disable_by_batch_size=speculative.disable_by_batch_size if speculative else None)

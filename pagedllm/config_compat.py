@@ -60,7 +60,6 @@ class CompatArgs:
     disable_mm_preprocessor_cache: bool = False
     enable_lora_bias: bool = False
     fully_sharded_loras: bool = False
-    lora_dtype: Optional[str] = "auto"
     lora_extra_vocab_size: int = 256
     long_lora_scaling_factors: Optional[tuple[float, ...]] = None
     enable_prompt_adapter: bool = False
@@ -173,16 +172,11 @@ UNSUPPORTED: dict[str, str] = {
     "rope_theta": "the model's config is used as it is",
     "hf_overrides": "the model's config is used as it is",
     "task": "only text generation is implemented",
-    "enable_lora": "LoRA adapters are not applied yet",
-    "enable_lora_bias": "LoRA adapters are not applied yet",
-    "max_loras": "LoRA adapters are not applied yet",
-    "max_lora_rank": "LoRA adapters are not applied yet",
-    "max_cpu_loras": "LoRA adapters are not applied yet",
-    "fully_sharded_loras": "LoRA adapters are not applied yet",
-    "lora_dtype": "LoRA adapters are not applied yet",
-    "lora_extra_vocab_size": "LoRA adapters are not applied yet",
-    "long_lora_scaling_factors": "LoRA adapters are not applied yet",
-    "qlora_adapter_name_or_path": "LoRA adapters are not applied yet",
+    "enable_lora_bias": "LoRA adapters update the q/k/v/o and gate/up/down projections without biases",
+    "fully_sharded_loras": "LoRA weights split over tensor-parallel ranks as their base layers do",
+    "lora_extra_vocab_size": "LoRA adapters do not extend the vocabulary",
+    "long_lora_scaling_factors": "long-context LoRA is not implemented",
+    "qlora_adapter_name_or_path": "QLoRA is not implemented",
     "enable_prompt_adapter": "prompt adapters are not implemented",
     "max_prompt_adapters": "prompt adapters are not implemented",
     "max_prompt_adapter_token": "prompt adapters are not implemented",

@@ -92,6 +92,12 @@ WORKS = {
     "model_impl": ("vllm", lambda c: True),  # pagedllm's own implementation, as "auto"
     "enable_sleep_mode": (True, lambda c: c.model_config.enable_sleep_mode),
     "enable_prompt_embeds": (True, lambda c: c.model_config.enable_prompt_embeds),
+    "enable_lora": (True, lambda c: c.lora_config.max_loras == 1 and c.scheduler_config.max_loras == 1),
+    # The other LoRA fields act with enable_lora (tests/lora/test_lora_config.py), as in vLLM.
+    "max_loras": (2, lambda c: c.lora_config is None),
+    "max_lora_rank": (8, lambda c: c.lora_config is None),
+    "max_cpu_loras": (2, lambda c: c.lora_config is None),
+    "lora_dtype": ("bfloat16", lambda c: c.lora_config is None),
 }
 
 
@@ -152,7 +158,7 @@ def test_an_unknown_task_lists_the_valid_ones():
 
 
 @pytest.mark.parametrize("name, value, reason", [
-    ("enable_lora", True, "LoRA adapters are not applied yet"),
+    ("fully_sharded_loras", True, "LoRA weights split over tensor-parallel ranks as their base layers do"),
     ("task", "embed", "only text generation"),
     ("num_scheduler_steps", 4, "multi-step"),
     ("load_format", "safetensors", "for this model"),

@@ -227,6 +227,8 @@ class Scheduler:
             request = self.swapped[0]
             if self._ignore_if_never_fits(self.swapped, out):
                 continue
+            if not self._lora_fits(request):
+                break
             num_new = self._num_new_tokens(request, budget, request.num_computed_tokens)
             pairs = self.kv_cache.swap_in(request, num_new + self._lookahead()) if num_new else None
             if pairs is None:
@@ -236,9 +238,13 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: _Plan, budget: int) -> int:
+        held_back: list[Request] = []  # their LoRA adapter would exceed max_loras this step: they keep their place
         while self.waiting and not self._swapped_first() and self._has_room_for_another(budget):
             request = self.waiting[0]
             if self._ignore_if_never_fits(self.waiting, out):
+                continue
+            if not self._lora_fits(request):
+                held_back.append(self.waiting.popleft())
                 continue
             hit = self.kv_cache.find_prefix(request)
             num_new = self._num_new_tokens(request, budget, hit.num_tokens)
@@ -247,7 +253,15 @@ class Scheduler:
                 break
             self._take_hit(request, hit)
             budget = self._start_running(self.waiting, num_new, out, budget)
+        self.waiting.extendleft(reversed(held_back))
         return budget
+
+    def _lora_fits(self, request: Request) -> bool:
+        """Whether the running requests' LoRA adapters and this request's are at most max_loras."""
+        if request.lora_request is None:
+            return True
+        running = {r.lora_request.lora_int_id for r in self.running if r.lora_request is not None}
+        return request.lora_request.lora_int_id in running or len(running) < self.config.max_loras
 
     def _take_hit(self, request: Request, hit: PrefixHit) -> None:
         request.num_computed_tokens = hit.num_tokens

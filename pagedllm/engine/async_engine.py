@@ -126,6 +126,19 @@ class AsyncLLMEngine:
     async def stop_profile(self) -> None:
         self.engine.stop_profile()
 
+    # LoRA adapters: run on the step thread, between two steps.
+    async def add_lora(self, lora_request: Any) -> bool:
+        return await self._between_steps(self.engine.add_lora, lora_request)
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._between_steps(self.engine.remove_lora, lora_id)
+
+    async def list_loras(self) -> set[int]:
+        return await self._between_steps(self.engine.list_loras)
+
+    async def _between_steps(self, call: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._step_thread, call, *args)
+
     # --- the background loop ------------------------------------------------------------------------------
 
     def start_background_loop(self) -> None:

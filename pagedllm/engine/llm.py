@@ -12,6 +12,7 @@ from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.llm_requests import (GuidedDecodingRequest, final_only_params, guided_options, legacy_prompts,
                                           per_prompt)
 from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import Logprob, RequestOutput
 from pagedllm.sampling_params import BeamSearchParams, SamplingParams
 
@@ -164,6 +165,19 @@ class LLM:
     def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (),
                        kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    # LoRA adapters (LLMEngine's calls; requests name theirs with `lora_request`).
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.llm_engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.llm_engine.remove_lora(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.llm_engine.list_loras()
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.llm_engine.pin_lora(lora_id)
 
 
 def _call_on_model(func: Callable[[Any], _R], worker: Any) -> _R:

@@ -18,6 +18,7 @@ from pagedllm.engine.request_state import RequestState
 from pagedllm.engine.sleep_mode import SleepModeMixin
 from pagedllm.executor import ExecutorBase
 from pagedllm.inputs import PromptType, checked_prompt_embeds, parse_prompt
+from pagedllm.lora.engine_methods import LoRAEngineMixin
 from pagedllm.metrics.collector import StatsCollector
 from pagedllm.metrics.loggers import StatLoggerBase
 from pagedllm.metrics.setup import default_stat_loggers, request_tracer
@@ -30,7 +31,7 @@ from pagedllm.tokenizer import get_generation_config, get_tokenizer
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine(EngineCompatMixin, SleepModeMixin):
+class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
     def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True,
                  usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
                  stat_loggers: Optional[dict[str, StatLoggerBase]] = None) -> None:
@@ -57,6 +58,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin):
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
         self.requests: dict[str, RequestState] = {}  # every unfinished request's record, by engine id
         self.parents: dict[str, ParentRequest] = {}  # unfinished n > 1 requests, by the user's id
+        self._checked_loras: dict[int, str] = {}
         stop_ids = sorted(({self.eos_token_id} | self.generation_eos_ids()) - {None})
         self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
         self._init_observability(num_blocks, stat_loggers)
@@ -77,7 +79,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin):
     def _init_observability(self, num_blocks: int, stat_loggers: Optional[dict[str, StatLoggerBase]]) -> None:
         lora = self.config.lora_config
         spec = self.config.speculative_config
-        self.stats = StatsCollector(self.schedulers, collect=self.log_stats, max_lora=lora["max_loras"] if lora else 0,
+        self.stats = StatsCollector(self.schedulers, collect=self.log_stats, max_lora=lora.max_loras if lora else 0,
                                     num_speculative_tokens=spec.num_speculative_tokens if spec else 0)
         if not self.log_stats:
             stat_loggers = {}
@@ -119,8 +121,8 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin):
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}.")
-        if lora_request is not None and self.config.lora_config is None:
-            raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
+        if lora_request is not None:
+            self.check_lora_request(lora_request)
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         text, token_ids, embeds = self._prompt_token_ids(prompt, tokenization_kwargs)

@@ -51,12 +51,13 @@ class MergedLinear(nn.Module):
 
     def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False) -> None:
         super().__init__()
-        self.output_sizes = list(output_sizes)
+        self.input_size, self.output_sizes = input_size, list(output_sizes)
         self.weight = nn.Parameter(torch.empty(sum(output_sizes), input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(sum(output_sizes)), requires_grad=False) if bias else None
         self.scales: Optional[torch.Tensor] = None  # per output row, once quantized to int8
         self.packed_weight: Optional[torch.Tensor] = None  # oneDNN layout, once packed for the CPU
         self.panel_weight: Optional[torch.Tensor] = None  # [out / panel, in, panel], once packed in panels
+        self.lora: Any = None  # the LoRA slots' updates (pagedllm/lora/layers.py), once LoRA is enabled
 
     def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
         start = sum(self.output_sizes[:shard])
@@ -86,8 +87,10 @@ class MergedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panel_weight is not None and self.bias is None:
-            return self._product(x)  # one C kernel call, which a CPU graph records as such
-        return replayable(lambda: self._product(x))  # PyTorch operators, which a CPU graph reruns as one step
+            y = self._product(x)  # one C kernel call, which a CPU graph records as such
+        else:
+            y = replayable(lambda: self._product(x))  # PyTorch operators, which a CPU graph reruns as one step
+        return y if self.lora is None else self.lora.add_to(x, y)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed_weight is not None:

@@ -177,6 +177,19 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"Unexpected weight {name!r} in the checkpoint.")
             params[name].data.copy_(tensor)
 
+    def lora_targets(self) -> dict[str, tuple[nn.Module, int]]:
+        """Each projection of this stage a LoRA adapter may update, by its checkpoint name
+        (`layers.3.self_attn.q_proj`): the merged layer that computes it and its shard there."""
+        targets = {}
+        for local, layer in enumerate(self.layers):
+            for parent in ("self_attn", "mlp"):
+                block = getattr(layer, parent)
+                for projection, (merged, shard) in _MERGED_SHARDS.items():
+                    if hasattr(block, merged):
+                        name = f"layers.{self.first_layer + local}.{parent}.{projection}"
+                        targets[name] = (getattr(block, merged), shard)
+        return targets
+
     def _local_name(self, name: str) -> Optional[str]:
         """A checkpoint name as this stage's module names it (layers renumbered from the stage's first), or
         None for what the model derives (rotary tables) or another stage holds."""

@@ -12,6 +12,7 @@ from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata
 from pagedllm.sample.sampler import Sampler
@@ -43,8 +44,12 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.decode_graphs: Optional[DecodeGraphs] = None
+        self.lora_decode_graphs: Optional[DecodeGraphs] = None  # steps with LoRA rows record their updates too
         self.input_state = InputState()
         self.proposer: Optional[Proposer] = None  # speculative decoding, on the worker that samples
+        self.lora: Optional[LoRAManager] = None
+        if config.lora_config is not None:
+            self.lora = LoRAManager(model, config.lora_config, config.model_config.hf_config, device)
 
     def initialize_cache(self, num_blocks: int) -> None:
         shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
@@ -58,18 +63,21 @@ class ModelRunner:
         """New CPU graphs (recorded on first use) over the current weights and KV cache; graphs hold
         pointers, so sleep mode calls this once the weights and the cache are back in new memory."""
         model_config = self.config.model_config
-        self.decode_graphs = None
+        self.decode_graphs = self.lora_decode_graphs = None
         # A graph replays one process's kernels: tensor parallelism's all-reduces and a pipeline stage's
         # sends are not kernel calls (a capture would refuse them), so sharded models run eagerly.
         if (self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager
                 and self.ranks.world_size == 1):
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                               self.block_size)
+            if self.lora is not None:
+                self.lora_decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
+                                                       self.block_size)
 
     def release_cache(self) -> None:
         """Drop the KV cache and the graphs that point into it (sleep mode)."""
         self.kv_caches = []
-        self.decode_graphs = None
+        self.decode_graphs = self.lora_decode_graphs = None
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -107,7 +115,10 @@ class ModelRunner:
         """One forward pass over these requests' tokens, then sampling."""
         batch = build_model_input(scheduled, self.block_size, self.device)
         start = time.perf_counter()
-        hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
+        uses_lora = self.lora is not None and self.lora.prepare(batch.requests, batch.num_new_tokens,
+                                                                batch.query_starts)
+        graphs = self.lora_decode_graphs if uses_lora else self.decode_graphs
+        hidden = graphs.forward(batch) if graphs is not None else None
         if hidden is None:
             extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,

@@ -14,6 +14,7 @@ from pagedllm.distributed.communication import SINGLE_PROCESS, ParallelContext
 from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.process_groups import destroy_distributed, init_distributed
 from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.lora.request import LoRARequest
 from pagedllm.model.loader import load_model
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.profiler import WorkerProfiler
@@ -128,11 +129,26 @@ class Worker:
                 self.offloaded = None
             else:
                 runner.model = load_model(self.config.model_config, str(self.device), self.parallel)
+                if runner.lora is not None:
+                    runner.lora.attach(runner.model)
         if "kv_cache" in waking:
             self.initialize_cache(self.num_blocks)
         self.asleep -= waking
         if waking and not self.asleep:
             runner.reset_decode_graphs()  # the weights or the cache moved: recorded pointers are stale
+
+    # LoRA adapters, through the engine's collective_rpc (LoRA must be enabled).
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.model_runner.lora.add(lora_request)
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return self.model_runner.lora.remove(lora_id)
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return self.model_runner.lora.pin(lora_id)
+
+    def list_loras(self) -> set[int]:
+        return self.model_runner.lora.list()
 
     def start_profile(self) -> None:
         self.profiler.start()

@@ -171,20 +171,28 @@ class MQLLMEngineClient:
         self._send(Query(query_id, what, args))
         return await future
 
+    # LoRA adapters, applied by the engine process between two steps.
+    async def add_lora(self, lora_request: Any) -> bool:
+        return await self._query("add_lora", (lora_request,))
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        return await self._query("remove_lora", (lora_id,))
+
+    async def list_loras(self) -> set[int]:
+        return await self._query("list_loras")
+
     # --- requests -----------------------------------------------------------------------------------------
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str,
                        lora_request: Any = None, trace_headers: Optional[Mapping[str, str]] = None,
                        priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's outputs; a request the engine refuses raises its error before the first."""
-        if lora_request is not None:
-            raise ValueError("LoRA requests are not supported by the server.")
         if self._dead_error is not None:
             raise self._dead_error
         queue = self._streams.open(request_id)
         try:
             self._send(AddRequest(request_id, prompt, sampling_params,
-                                  dict(trace_headers) if trace_headers else None, priority))
+                                  dict(trace_headers) if trace_headers else None, priority, lora_request))
             if self.log_requests:
                 logger.info("Added request %s.", request_id)
             async for output in stream_outputs(queue, request_id, self._abort_soon):

@@ -43,6 +43,9 @@ def run_engine(engine_args: AsyncEngineArgs, conn: Connection) -> None:
     _EngineLoop(engine, conn, inbox).run()
 
 
+_LORA_CALLS = ("add_lora", "remove_lora", "list_loras")
+
+
 def _read(conn: Connection, inbox: queue.Queue) -> None:
     try:
         while True:
@@ -79,7 +82,8 @@ class _EngineLoop:
         if isinstance(message, AddRequest):
             try:
                 self.engine.add_request(message.request_id, message.prompt, message.params,
-                                        trace_headers=message.trace_headers, priority=message.priority)
+                                        lora_request=message.lora_request, trace_headers=message.trace_headers,
+                                        priority=message.priority)
             except Exception as error:  # a request the engine refuses fails alone
                 self.conn.send(Rejected(message.request_id, type(error).__name__, str(error)))
         elif isinstance(message, AbortRequests):
@@ -97,7 +101,7 @@ class _EngineLoop:
                 from prometheus_client import generate_latest
 
                 return Answer(query.query_id, generate_latest())
-            if query.what in ("sleep", "wake_up", "is_sleeping"):
+            if query.what in ("sleep", "wake_up", "is_sleeping", *_LORA_CALLS):
                 return Answer(query.query_id, getattr(self.engine, query.what)(*query.args))
             return Answer(query.query_id, error=f"Unknown query {query.what!r}.")
         except Exception as error:

@@ -17,6 +17,7 @@ class AddRequest:
     params: SamplingParams
     trace_headers: Optional[dict[str, str]] = None
     priority: int = 0
+    lora_request: Any = None
 
 
 @dataclass
@@ -27,7 +28,8 @@ class AbortRequests:
 @dataclass
 class Query:
     """Ask the engine process for a value, or to act, between two steps: "health", "metrics", "sleep",
-    "wake_up" or "is_sleeping", with the call's arguments."""
+    "wake_up", "is_sleeping" or a LoRA call ("add_lora", "remove_lora", "list_loras"), with the call's
+    arguments."""
 
     query_id: int
     what: str

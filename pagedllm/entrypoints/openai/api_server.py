@@ -34,6 +34,7 @@ from pagedllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCom
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import ServingContext
+from pagedllm.entrypoints.openai.serving_lora import LoRAModules, add_lora_routes
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ def _add_routes(app: FastAPI) -> None:
         state = raw_request.app.state
         cards = [ModelCard(id=name, root=state.model_path, max_model_len=state.completion.max_model_len)
                  for name in state.completion.served_model_names]
+        cards += [ModelCard(id=lora.lora_name, root=lora.lora_path, parent=lora.base_model_name)
+                  for lora in state.lora_modules.adapters.values()]
         return JSONResponse(ModelList(data=cards).model_dump())
 
     @app.post("/v1/completions", responses=_documented(CompletionResponse, streamed=True))
@@ -216,19 +219,29 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=args.max_request_body_bytes)
     _add_error_handlers(app)
     _add_routes(app)
+    add_lora_routes(app)
     if (os.environ.get("VLLM_SERVER_DEV_MODE") or os.environ.get("PAGEDLLM_SERVER_DEV_MODE")) == "1":
         _add_dev_routes(app)
     app.state.engine = engine
     app.state.draining = False
     app.state.model_path = (await engine.get_model_config()).path
-    context = await _serving_context(engine, args)
+    app.state.lora_modules = await _lora_modules(engine, args)
+    context = await _serving_context(engine, args, app.state.lora_modules)
     app.state.completion = OpenAIServingCompletion(context)
     app.state.chat = OpenAIServingChat(context)
     app.state.tokenization = OpenAIServingTokenization(context)
     return app
 
 
-async def _serving_context(engine: Any, args: argparse.Namespace) -> ServingContext:
+async def _lora_modules(engine: Any, args: argparse.Namespace) -> LoRAModules:
+    """The adapters of --lora-modules, registered with the engine (a bad one stops the server's start)."""
+    modules = LoRAModules(engine, (await engine.get_model_config()).served_model_name)
+    for module in getattr(args, "lora_modules", None) or []:
+        await modules.load(module.lora_name, module.lora_path, module.base_model_name)
+    return modules
+
+
+async def _serving_context(engine: Any, args: argparse.Namespace, lora_modules: LoRAModules) -> ServingContext:
     model_config = await engine.get_model_config()
     tokenizer = await engine.get_tokenizer()
     max_num_seqs = (await engine.get_scheduler_config()).max_num_seqs
@@ -240,7 +253,8 @@ async def _serving_context(engine: Any, args: argparse.Namespace) -> ServingCont
         admission=Admission(None if waiting < 0 else max_num_seqs + waiting),
         prompt_limit=PromptLimit.for_tokenizer(tokenizer, model_config.max_model_len),
         request_timeout=args.request_timeout, trust_request_chat_template=args.trust_request_chat_template,
-        pool=ThreadPoolExecutor(max_workers=_TOKENIZER_THREADS, thread_name_prefix="pagedllm-tokenize"))
+        pool=ThreadPoolExecutor(max_workers=_TOKENIZER_THREADS, thread_name_prefix="pagedllm-tokenize"),
+        lora_modules=lora_modules)
 
 
 async def _start_engine(args: argparse.Namespace) -> Any:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import json
+
+from pagedllm.lora.request import LoRARequest
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 16 << 20
 DEFAULT_MAX_WAITING_REQUESTS = 1024
@@ -28,6 +31,24 @@ def add_server_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="On SIGTERM, seconds to let requests in flight finish before aborting them.")
     parser.add_argument("--disable-frontend-multiprocessing", action="store_true",
                         help="Run the engine in the server's process (AsyncLLMEngine) instead of its own.")
+    parser.add_argument("--lora-modules", type=parse_lora_module, nargs="+", default=None,
+                        help="LoRA adapters requests may name as their model: name=path, or JSON "
+                             '\'{"name": ..., "path": ..., "base_model_name": ...}\' (needs --enable-lora).')
     parser.add_argument("--uvicorn-log-level", default="info",
                         choices=["debug", "info", "warning", "error", "critical", "trace"])
     return parser
+
+
+def parse_lora_module(text: str) -> LoRARequest:
+    """`name=path`, or vLLM's JSON form `{"name": ..., "path": ..., "base_model_name": ...}`; the id is given
+    when the server registers it."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+            return LoRARequest(spec["name"], 1, spec["path"], base_model_name=spec.get("base_model_name"))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise argparse.ArgumentTypeError(f"Invalid JSON LoRA module {text!r}: {error}") from None
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"Invalid LoRA module {text!r}: expected name=path or JSON.")
+    return LoRARequest(name, 1, path)

@@ -34,7 +34,8 @@ class OpenAIServingChat(OpenAIServing):
                                     request.prompt_logprobs)
         request_id = f"chatcmpl-{request.request_id}"
         stream = self.engine.generate(prompt, params, request_id, priority=request.priority,
-                                      trace_headers=self.trace_headers(raw_request))
+                                      trace_headers=self.trace_headers(raw_request),
+                                      lora_request=self.lora_request(request.model))
         outputs = self.outputs(stream, raw_request, max(request.n, request.best_of or 1))
         name = TokenNamer(self.tokenizer, request.return_tokens_as_token_ids)
         if request.stream:

@@ -44,7 +44,8 @@ class OpenAIServingCompletion(OpenAIServing):
             max_tokens = self.max_tokens(len(prompt["prompt_token_ids"]), request.max_tokens)
             params = to_sampling_params(request, self.default_params, max_tokens, request.logprobs, prompt_logprobs)
             streams.append(self.engine.generate(prompt, params, f"{request_id}-{i}", priority=request.priority,
-                                                trace_headers=self.trace_headers(raw_request)))
+                                                trace_headers=self.trace_headers(raw_request),
+                                                lora_request=self.lora_request(request.model)))
         samples = max(request.n, request.best_of or 1)
         outputs = self.outputs(merge_async_iterators(*streams), raw_request, len(prompts) * samples)
         builder = _ChoiceBuilder(request, prompts, TokenNamer(self.tokenizer, request.return_tokens_as_token_ids),

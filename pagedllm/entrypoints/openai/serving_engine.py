@@ -18,7 +18,9 @@ from pagedllm.entrypoints.openai.errors import APIError
 from pagedllm.entrypoints.openai.limits import Admission, PromptLimit
 from pagedllm.entrypoints.openai.protocol import ChatMessage
 from pagedllm.entrypoints.openai.streams import until_disconnected
+from pagedllm.entrypoints.openai.serving_lora import LoRAModules
 from pagedllm.inputs import TokensPrompt
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.tracing import extract_trace_headers
 from pagedllm.sampling_params import SamplingParams
 
@@ -46,6 +48,7 @@ class ServingContext:
     request_timeout: Optional[float] = None
     trust_request_chat_template: bool = False
     pool: Optional[ThreadPoolExecutor] = None
+    lora_modules: Optional[LoRAModules] = None
 
 
 class OpenAIServing:
@@ -59,6 +62,7 @@ class OpenAIServing:
         self.max_model_len = context.max_model_len
         self.default_params = context.default_params
         self.chat_template = load_chat_template(context.chat_template)
+        self.lora_modules = context.lora_modules
 
     @staticmethod
     def trace_headers(raw_request: Request) -> Optional[dict[str, str]]:
@@ -66,12 +70,16 @@ class OpenAIServing:
         return extract_trace_headers(raw_request.headers) or None
 
     def model_name(self, requested: Optional[str]) -> str:
-        """The name to answer with; an unknown model is a 404."""
+        """The name to answer with (the model's, or a LoRA adapter's); an unknown model is a 404."""
         if requested is None:
             return self.served_model_names[0]
-        if requested not in self.served_model_names:
+        if requested not in self.served_model_names and self.lora_request(requested) is None:
             raise APIError(f"The model `{requested}` does not exist.", HTTPStatus.NOT_FOUND, param="model")
         return requested
+
+    def lora_request(self, requested: Optional[str]) -> Optional[LoRARequest]:
+        """The adapter a request's `model` names, if it names one."""
+        return self.lora_modules.get(requested) if self.lora_modules is not None else None
 
     async def _off_loop(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.context.pool, lambda: function(*args, **kwargs))
