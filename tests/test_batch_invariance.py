@@ -7,14 +7,44 @@ every query token, prefill or decode, by the same kernel over the cached keys bl
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pagedllm import SamplingParams
+from pagedllm.model import cpu_kernels
 from pagedllm.outputs import RequestOutput
-
-pytestmark = pytest.mark.slow
 
 TARGET = "Write a short poem about the sea, the wind and a small boat sailing home at dusk."
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+
+
+@pytest.mark.parametrize("rows", [2, 5, 19, 64, 300])
+def test_panel_linear_row_is_the_same_in_any_batch(rows):
+    kernel = cpu_kernels.load_packed_linear()
+    if kernel is None:
+        pytest.skip("no C compiler built the panel kernel")
+    torch.manual_seed(0)
+    weight = kernel.pack(torch.randn(4 * kernel.panel, 576))
+    x = torch.randn(rows, 576)
+    batched = kernel.float32(x, weight)
+    for row in (0, rows // 2, rows - 1):
+        assert torch.equal(kernel.float32(x[row:row + 1], weight)[0], batched[row])
+
+
+def test_attention_token_is_the_same_in_any_batch():
+    """A query token's attention alone equals it among other rows (of other sequences, or its prefill's)."""
+    kernel = cpu_kernels.load_attention_kernel(3, 64, 16)
+    if kernel is None:
+        pytest.skip("no C compiler built the attention kernel")
+    torch.manual_seed(0)
+    caches = [torch.randn(3, 40, 16, 64) for _ in range(2)]
+    tables = torch.randperm(40).view(4, 10)
+    rows = torch.tensor([0, 0, 0, 1, 2, 3, 3])  # three prefill tokens of sequence 0, then other sequences
+    lens = torch.tensor([1, 2, 150, 37, 160, 16, 17])
+    q = torch.randn(len(rows), 9, 64)
+    batched = kernel(q, *caches, tables, lens, 0.125, rows)
+    for r in range(len(rows)):
+        alone = kernel(q[r:r + 1], *caches, tables[rows[r]:rows[r] + 1], lens[r:r + 1], 0.125)
+        assert torch.equal(alone[0], batched[r])
 
 
 def _others(count: int) -> list[str]:
@@ -65,10 +95,12 @@ def _assert_identical(alone: tuple, batched: tuple) -> None:
     assert batched[3] == alone[3]
 
 
+@pytest.mark.slow
 def test_request_alone_equals_request_in_a_mixed_batch(llm):
     _assert_identical(*_alone_and_batched(llm.llm_engine, TARGET, 31))
 
 
+@pytest.mark.slow
 def test_chunked_prefill_splits_do_not_change_results(default_model):
     """A prompt longer than the step's token budget is prefilled in chunks: alone in two, in the batch in
     chunks cut where the other requests leave room, each chunk attending to the cached ones before it."""

@@ -301,6 +301,21 @@ def cpu_model_name() -> str:
         return platform.processor()
 
 
+# CPU flags (as /proc/cpuinfo names them) of instructions that compute on bfloat16: dot products of bfloat16
+# pairs into float32 (AVX512_BF16) and bfloat16 tile matmuls (AMX).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags() -> list[str]:
+    """Which of BF16_FLAGS this CPU has (none where /proc/cpuinfo cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return []
+    return [flag for flag in BF16_FLAGS if flag in flags]
+
+
 def cpu_signature() -> str:
     """This CPU's model name and flags: -march=native code runs only on this CPU model, and the fastest kernel
     depends on it, so builds and measurements are keyed by it."""
