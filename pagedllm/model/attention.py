@@ -113,9 +113,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
     """q [T, heads, d], k/v [T, kv_heads, d] of this step, whose keys and values are already in the cache;
     returns [T, heads, d]."""
     kernel = _attention_kernel(q, kv_cache)
-    if kernel is not None:
+    # Metadata built without the per-token tables (only build_model_input lays them out) takes PyTorch's path.
+    if kernel is not None and (not meta.num_prefill_tokens or meta.prefill_token_tables is not None):
         return _token_attention(kernel, q, kv_cache, meta, scale)
-    if not meta.prefill_groups and not meta.prefills:
+    if not meta.num_prefill_tokens:
         return _gathered_decode_attention(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
     for group in meta.prefill_groups:
