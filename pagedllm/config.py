@@ -37,6 +37,7 @@ class ModelConfig:
     enable_prompt_embeds: bool
     task: str
     enforce_eager: bool  # no CPU graphs for decode steps (worker/cpu_graph.py)
+    enable_sleep_mode: bool = False  # sleep() / wake_up() may release and restore weights and KV cache
 
     @property
     def vocab_size(self) -> int:
@@ -223,7 +224,8 @@ class EngineArgs(CompatArgs):
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
             quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
-            task="generate" if self.task == "auto" else self.task, enforce_eager=self.enforce_eager)
+            task="generate" if self.task == "auto" else self.task, enforce_eager=self.enforce_eager,
+            enable_sleep_mode=self.enable_sleep_mode)
         block_size = self.block_size if self.block_size is not None else 16
         if block_size not in ALLOWED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}.")
