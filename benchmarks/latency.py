@@ -1,11 +1,15 @@
-"""Latency of one request at a time: time to first token (TTFT) and mean time per output token (TPOT).
+"""Latency of one request at a time: time to first token (TTFT) and mean time per output token (TPOT), each
+against the machine's own limit measured in the same invocation.
 
     python benchmarks/latency.py            # pagedllm and transformers at batch 1
     python benchmarks/latency.py --no-hf    # pagedllm only
 
 Each repeat runs its own prompt of the `latency` workload (so no prefix cache can help), after one
 warm-up request; the median over repeats is reported, with the transformers batch-1 figures of the same
-invocation and their ratios.
+invocation and their ratios. Before and after the engines, the machine's memory-streaming rate (a timed sum
+over a buffer of the weights' size) and float32 matmul rate are measured (machine_limits.py, best of both):
+TPOT is printed as a ratio to the streaming limit (weights' bytes over the streaming rate) and TTFT to the
+prefill compute limit (the prompt's FLOPs over the matmul rate).
 """
 from __future__ import annotations
 
@@ -21,9 +25,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (add_engine_args, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args,
                                run_in_child, token_prompts, write_result)
+from benchmarks.machine_limits import cpu_flags, measure_limits  # noqa: E402
 
 TARGET_TPOT_S = 0.020
 TARGET_TTFT_S = 0.17
+TARGET_TPOT_VS_STREAM = 1.25  # at most this many times the memory-streaming limit
+TARGET_TTFT_VS_COMPUTE = 1.2  # at most this many times the prefill compute limit
 
 
 def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -101,8 +108,6 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     add_engine_args(parser)
-    parser.add_argument("--peak-gflops", type=float, default=190.0,
-                        help="the machine's float32 matmul rate used for the prefill compute limit")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/latency-<time>.json)")
     args = parser.parse_args(argv)
 
@@ -110,14 +115,30 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     # One extra prompt first: the warm-up run.
     prompts = token_prompts(workload, workload["repeats"] + 1)
     output_len = workload["output_len"]
-    prefill_limit = default_model_flops(workload["input_len"], 1) / (args.peak_gflops * 1e9)
-    ours = run_in_child(run_pagedllm, prompts, output_len, parse_engine_args(args))
-    print(f"pagedllm: TTFT {ours['ttft_s'] * 1e3:.0f} ms (target {TARGET_TTFT_S * 1e3:.0f}, compute limit "
-          f"{prefill_limit * 1e3:.0f}), TPOT {ours['tpot_s'] * 1e3:.1f} ms (target {TARGET_TPOT_S * 1e3:.0f}), "
+    engine_kwargs = parse_engine_args(args)
+    weight_size = _bytes_per_weight(engine_kwargs)
+    before = run_in_child(measure_limits, weight_size)
+    ours = run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)
+    limits = _best_limits(before, run_in_child(measure_limits, weight_size))
+    stream_limit = limits["weight_bytes"] / limits["stream_bytes_per_s"]
+    prefill_limit = default_model_flops(workload["input_len"], 1) / limits["matmul_flops_per_s"]
+    vs_limits = {"tpot_vs_stream_limit": round(ours["tpot_s"] / stream_limit, 3),
+                 "ttft_vs_compute_limit": round(ours["ttft_s"] / prefill_limit, 3)}
+    print(f"machine: {machine_info()['cpu']} ({' '.join(cpu_flags())}), streams "
+          f"{limits['stream_bytes_per_s'] / 1e9:.1f} GB/s, matmul {limits['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s "
+          f"on {limits['threads']} threads", flush=True)
+    print(f"pagedllm: TTFT {ours['ttft_s'] * 1e3:.0f} ms = {vs_limits['ttft_vs_compute_limit']:.2f}x the compute "
+          f"limit {prefill_limit * 1e3:.0f} ms (target {TARGET_TTFT_VS_COMPUTE}x); TPOT {ours['tpot_s'] * 1e3:.1f} ms = "
+          f"{vs_limits['tpot_vs_stream_limit']:.2f}x the streaming limit {stream_limit * 1e3:.1f} ms "
+          f"({limits['weight_bytes'] / 1e6:.0f} MB of weights; target {TARGET_TPOT_VS_STREAM}x); "
           f"start {ours['startup_s']:.1f} s, peak RSS {ours['peak_rss_mib']:.0f} MiB", flush=True)
-    result: dict[str, Any] = {"workload": "latency", "definition": workload, "machine": machine_info(),
-                              "prefill_compute_limit_s": round(prefill_limit, 4),
-                              "targets": {"ttft_s": TARGET_TTFT_S, "tpot_s": TARGET_TPOT_S}, "pagedllm": ours}
+    result: dict[str, Any] = {"workload": "latency", "definition": workload,
+                              "machine": {**machine_info(), "cpu_flags": cpu_flags(), **limits},
+                              "stream_limit_tpot_s": round(stream_limit, 4),
+                              "prefill_compute_limit_s": round(prefill_limit, 4), **vs_limits,
+                              "targets": {"ttft_s": TARGET_TTFT_S, "tpot_s": TARGET_TPOT_S,
+                                          "tpot_vs_stream_limit": TARGET_TPOT_VS_STREAM,
+                                          "ttft_vs_compute_limit": TARGET_TTFT_VS_COMPUTE}, "pagedllm": ours}
     if not args.no_hf:
         theirs = run_in_child(run_transformers, prompts, output_len)
         print(f"transformers (batch 1): TTFT {theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms, "
@@ -129,6 +150,19 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
               f"TPOT {result['speedup_vs_transformers']['tpot']:.2f}x", flush=True)
     print(f"wrote {write_result(result, args.output, 'latency')}")
     return result
+
+
+def _bytes_per_weight(engine_kwargs: dict[str, Any]) -> int:
+    """Bytes each weight of the linear layers takes in memory under these engine arguments."""
+    if engine_kwargs.get("quantization") == "int8":
+        return 1
+    return 2 if engine_kwargs.get("dtype") in ("bfloat16", "float16", "half") else 4
+
+
+def _best_limits(*runs: dict[str, Any]) -> dict[str, Any]:
+    """The machine's rates at their best over the runs: other work on the machine only ever lowers them."""
+    return {**runs[0], "stream_bytes_per_s": max(r["stream_bytes_per_s"] for r in runs),
+            "matmul_flops_per_s": max(r["matmul_flops_per_s"] for r in runs)}
 
 
 if __name__ == "__main__":

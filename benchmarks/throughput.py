@@ -6,6 +6,8 @@
     python benchmarks/throughput.py --hf-batch-sizes 64      # limit the baseline's batch-size search
     python benchmarks/throughput.py --no-hf --engine-arg quantization=int8 --baseline-engine-arg quantization=null
                                                              # int8 against float32, both pagedllm
+    python benchmarks/throughput.py --no-hf --vllm-python ~/vllm-cpu/bin/python
+                                                             # against vLLM's CPU build (README: its setup)
 
 All requests are submitted at once as token-id prompts, greedy, each generating exactly output_len tokens.
 Prints both engines' output tokens/s, their ratio, peak RSS and the fraction of the machine's compute
@@ -24,8 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (add_engine_args, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
+from benchmarks.vllm_baseline import run_vllm  # noqa: E402
 
 TARGET_RATIO = 1.6
+TARGET_VLLM_RATIO = 1.3
 TARGET_LARGE_RATIO = 1.0  # throughput_large against throughput
 
 
@@ -99,6 +103,20 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
     return {"identical_requests": same / len(a), "mean_common_prefix_tokens": sum(prefix) / len(prefix)}
 
 
+def _vllm_comparison(args: argparse.Namespace, prompts: list[list[int]], output_len: int,
+                     ours: dict[str, Any]) -> dict[str, Any]:
+    """vLLM on the same prompts, under its own interpreter, and pagedllm's ratio to it."""
+    theirs = run_vllm(args.vllm_python, prompts, output_len, parse_pairs(args.vllm_engine_arg))
+    tokens = theirs.pop("output_token_ids")
+    theirs.update(_rates(len(prompts), len(prompts[0]), output_len, theirs.pop("elapsed_s"), tokens))
+    ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
+    print(f"vLLM {theirs['vllm_version']} ({theirs['env']}): {theirs['output_tokens_per_s']:.1f} output tok/s, "
+          f"start {theirs['startup_s']:.1f} s", flush=True)
+    print(f"ratio pagedllm / vLLM: {ratio:.2f}x (target {TARGET_VLLM_RATIO}x)", flush=True)
+    return {"vllm": theirs, "ratio_vs_vllm": round(ratio, 3), "target_ratio_vs_vllm": TARGET_VLLM_RATIO,
+            "agreement_with_vllm": _agreement(ours["output_token_ids"], tokens)}
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="throughput", choices=["throughput", "throughput_large"])
@@ -110,6 +128,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--baseline-engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="also run pagedllm with its engine args changed by these (repeatable; null unsets "
                              "one), as a second baseline in this invocation")
+    parser.add_argument("--vllm-python", default=None, metavar="PATH",
+                        help="an interpreter with vLLM's CPU build installed: also runs vLLM on the workload, "
+                             "after pagedllm, and prints the ratio")
+    parser.add_argument("--vllm-engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra keyword for vLLM's LLM (repeatable; dtype is float32 unless given)")
     parser.add_argument("--peak-gflops", type=float, default=190.0,
                         help="the machine's float32 matmul rate used for the compute limit")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/<name>-<time>.json)")
@@ -150,6 +173,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         result["pagedllm_on_throughput"] = static
         result["ratio_vs_throughput"] = round(ratio, 3)
         result["target_ratio_vs_throughput"] = TARGET_LARGE_RATIO
+    if args.vllm_python:
+        result.update(_vllm_comparison(args, prompts, output_len, ours))
     if not args.no_hf:
         batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
         theirs = run_in_child(run_transformers, prompts, output_len, batch_sizes)

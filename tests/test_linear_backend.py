@@ -1,4 +1,5 @@
-"""The float32 linear backend: measured once per CPU and shapes, cached on disk, overridden by the environment."""
+"""The float32 linear backend: the panel kernel where it takes the shape (batch invariant), else measured once
+per CPU and shapes and cached on disk; overridden by the environment."""
 from __future__ import annotations
 
 import glob
@@ -14,7 +15,8 @@ from pagedllm.model.layers import MergedLinear
 from pagedllm.model.linear_backend import ENV_VAR, choose_backends
 from pagedllm.model.linear_timing import BACKENDS, ROWS, available, present
 
-SHAPES = [(96, 64), (192, 32)]  # whole panels at either width (24 or 48)
+PANEL_SHAPES = [(96, 64), (192, 32)]  # whole panels at either width (24 or 48)
+SHAPES = [(50, 64), (70, 32)]  # whole panels at neither: measured
 
 
 @pytest.fixture
@@ -36,6 +38,15 @@ def measured(monkeypatch) -> list:
 
     monkeypatch.setattr(linear_backend, "measure", counting)
     return calls
+
+
+def test_panel_kernel_takes_every_shape_it_can_unmeasured(cache_root, measured):
+    if "panels" not in present():
+        pytest.skip("no C compiler built the panel kernel")
+    choices = choose_backends([*PANEL_SHAPES, *SHAPES])
+    assert {choices[shape] for shape in PANEL_SHAPES} == {"panels"}
+    assert {choices[shape] for shape in SHAPES} <= {"onednn", "torch"}
+    assert measured == [SHAPES]
 
 
 def test_choice_is_measured_once_then_read_from_the_cache(cache_root, measured):
@@ -68,7 +79,7 @@ def test_decode_outweighs_prefill(cache_root, monkeypatch):
     for prefill, winner in [(32.0, fast_prefill), (96.0, fast_decode)]:
         timings = {fast_decode: [1.0, 2.0, 128.0], fast_prefill: [1.2, 2.4, prefill]}
         monkeypatch.setattr(linear_backend, "measure", lambda shapes: {shape: timings for shape in shapes})
-        assert choose_backends([(96, int(prefill))]) == {(96, int(prefill)): winner}
+        assert choose_backends([(50, int(prefill))]) == {(50, int(prefill)): winner}
 
 
 def test_damaged_cache_is_measured_again(cache_root, measured):
@@ -85,10 +96,10 @@ def test_override_skips_measurement(cache_root, measured, monkeypatch, backend):
     if backend not in present():
         pytest.skip(f"no {backend} on this machine")
     monkeypatch.setenv(ENV_VAR, backend)
-    odd = (50, 64)  # no whole number of panels: the panel kernel cannot take it
-    choices = choose_backends([*SHAPES, odd])
-    assert {choices[shape] for shape in SHAPES} == {backend}
-    assert choices[odd] == ("torch" if backend == "panels" else backend)
+    choices = choose_backends([*PANEL_SHAPES, *SHAPES])
+    assert {choices[shape] for shape in PANEL_SHAPES} == {backend}
+    # No whole number of panels: the panel kernel cannot take them.
+    assert {choices[shape] for shape in SHAPES} == {"torch" if backend == "panels" else backend}
     assert not measured and not os.listdir(cache_root)
 
 

@@ -22,9 +22,9 @@ def _request(name: str, length: int, computed: int, block_ids: list[int]) -> Req
     return request
 
 
-@pytest.mark.parametrize("decode_kernel", ["C", "gathered"])
-def test_paged_attention_matches_dense_attention(decode_kernel, monkeypatch):
-    if decode_kernel == "gathered":
+@pytest.mark.parametrize("kernel", ["C", "gathered"])
+def test_paged_attention_matches_dense_attention(kernel, monkeypatch):
+    if kernel == "gathered":
         monkeypatch.setattr(attention, "load_attention_kernel", lambda *shape: None)
     else:
         assert attention.load_attention_kernel(HEADS // KV_HEADS, DIM, BLOCK) is not None  # a C compiler is here

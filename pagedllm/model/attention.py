@@ -4,18 +4,24 @@ Each layer's cache is a pair of tensors [kv_heads, num_blocks, block_size, head_
 gathering a batch's blocks along that axis yields keys already laid out [kv_heads, batch, context, d],
 which batched matmuls read without a further copy. A request's tokens live in the blocks its block table
 lists. One step's tokens are laid out prefill sequences first (each a run of query tokens, possibly after
-already cached context), then decode tokens (one per request). On CPU in float32, decodes skip the gather:
-a C kernel (cpu_kernels.py) reads their blocks in place.
+already cached context), then decode tokens (one per request).
+
+On CPU in float32 a C kernel (cpu_kernels.py) reads the blocks in place for every query token, prefill and
+decode alike, each token on its own over the cached keys in block order. So a token's attention is the
+same computation whether it is decoded or prefilled, in one chunk or several, alone or in a batch of any mix:
+with the linear layers and element-wise kernels also reducing each row on its own, a request's tokens and
+logprobs are bitwise independent of its batch (batch invariance).
 """
 from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from pagedllm.model.cpu_kernels import layer_ops_for, load_attention_kernel, serves
+from pagedllm.model.cpu_kernels import AttentionKernel, layer_ops_for, load_attention_kernel, serves
 from pagedllm.model.layers import RotaryEmbedding, RotaryPositions
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -54,6 +60,11 @@ class AttentionMetadata:
     num_prefill_tokens: int
     decode_block_tables: torch.Tensor  # [B, max_blocks] long: each decode's blocks, padded with its first block
     decode_context_lens: torch.Tensor  # [B] long: keys each decode attends to, its own included
+    # For the token-by-token kernel: each prefill sequence's blocks [P, max_blocks] (padded as decodes'), and
+    # per prefill token [num_prefill_tokens] its sequence's row there and the keys it attends to.
+    prefill_block_tables: Optional[torch.Tensor] = None
+    prefill_token_tables: Optional[torch.Tensor] = None
+    prefill_token_lens: Optional[torch.Tensor] = None
 
     @property
     def num_decodes(self) -> int:
@@ -101,8 +112,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] of this step, whose keys and values are already in the cache;
     returns [T, heads, d]."""
-    if not meta.prefill_groups and not meta.prefills:
-        return _decode_attention(q, kv_cache, meta, scale)
+    kernel = _attention_kernel(q, kv_cache)
+    # Metadata built without the per-token tables (only build_model_input lays them out) takes PyTorch's path.
+    if kernel is not None and (not meta.num_prefill_tokens or meta.prefill_token_tables is not None):
+        return _token_attention(kernel, q, kv_cache, meta, scale)
+    if not meta.num_prefill_tokens:
+        return _gathered_decode_attention(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
     for group in meta.prefill_groups:
         rows = slice(group.query_start, group.query_start + group.num_seqs * group.query_len)
@@ -111,7 +126,30 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
         rows = slice(seq.query_start, seq.query_start + seq.query_len)
         out[rows] = _context_attention(q[rows], kv_cache, seq, scale)
     if meta.num_decodes:
-        out[meta.num_prefill_tokens:] = _decode_attention(q[meta.num_prefill_tokens:], kv_cache, meta, scale)
+        out[meta.num_prefill_tokens:] = _gathered_decode_attention(q[meta.num_prefill_tokens:], kv_cache, meta,
+                                                                   scale)
+    return out
+
+
+def _attention_kernel(q: torch.Tensor, kv_cache: KVCache) -> Optional[AttentionKernel]:
+    """The C kernel for this model's shape where it serves q (CPU, float32) and could be built, else None."""
+    if not serves(q):
+        return None
+    heads, kv_heads, block_size = q.shape[1], kv_cache[0].shape[0], kv_cache[0].shape[2]
+    return load_attention_kernel(heads // kv_heads, q.shape[2], block_size)
+
+
+def _token_attention(kernel: AttentionKernel, q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata,
+                     scale: float) -> torch.Tensor:
+    """Every query token over its sequence's cached keys, one token per row: q [T, heads, d] -> same."""
+    if not meta.num_prefill_tokens:
+        return kernel(q, *kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale)
+    prefill = meta.num_prefill_tokens
+    out = q.new_empty(q.shape)
+    kernel(q[:prefill], *kv_cache, meta.prefill_block_tables, meta.prefill_token_lens, scale,
+           meta.prefill_token_tables, out[:prefill])
+    if meta.num_decodes:
+        kernel(q[prefill:], *kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, None, out[prefill:])
     return out
 
 
@@ -134,16 +172,6 @@ def _context_attention(q: torch.Tensor, kv_cache: KVCache, seq: PrefillSequence,
     out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=True)
     return out.squeeze(0).transpose(0, 1)
-
-
-def _decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """One query per sequence: q [B, heads, d] -> [B, heads, d]; on CPU in float32, the C kernel that reads
-    the blocks in place."""
-    heads, kv_heads, block_size = q.shape[1], kv_cache[0].shape[0], kv_cache[0].shape[2]
-    kernel = load_attention_kernel(heads // kv_heads, q.shape[2], block_size) if serves(q) else None
-    if kernel is not None:
-        return kernel(q, kv_cache[0], kv_cache[1], meta.decode_block_tables, meta.decode_context_lens, scale)
-    return _gathered_decode_attention(q, kv_cache, meta, scale)
 
 
 def _gathered_decode_attention(q: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata,

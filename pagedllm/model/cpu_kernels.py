@@ -2,9 +2,10 @@
 disk, called through ctypes, each through an entry point that takes its arguments as one array (csrc/entry.h)
 so that a step's calls can be recorded and replayed from C (plan.c, worker/cpu_graph.py).
 
-- paged_attention.c: decode attention reading the paged cache in place. PyTorch has no attention over a
-  paged cache; gathering each sequence's blocks into a contiguous copy every step costs more than the
-  attention itself.
+- paged_attention.c: attention of each query token, decode or prefill, reading the paged cache in place.
+  PyTorch has no attention over a paged cache; gathering each sequence's blocks into a contiguous copy every
+  step costs more than the attention itself. One token per row, reduced in a fixed order, keeps results
+  independent of the batch a token runs in.
 - layer_ops.c: a decoder layer's element-wise steps (residual add with RMSNorm, rotary embedding with the
   cache write, SiLU-and-multiply), one call each instead of several PyTorch operators, whose dispatch
   dominates at decode.
@@ -42,8 +43,8 @@ _CACHE_DIR = os.path.join(CACHE_ROOT, "kernels")
 # AVX-512, whole 512-bit vectors (GCC picks 256 by default) ran an auto-vectorized int8 matmul 1.3x faster.
 _FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
 
-# (q, k_cache, v_cache, block_tables, context_lens, scale) -> out
-AttentionKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+# (q, k_cache, v_cache, block_tables, context_lens, scale, row_tables=None, out=None) -> out
+AttentionKernel = Callable[..., torch.Tensor]
 
 
 class LayerOps(NamedTuple):
@@ -152,14 +153,17 @@ def load_attention_kernel(group: int, head_dim: int, block_size: int) -> Optiona
     kernel = Kernel(library, "paged_attention_rows")
 
     def run(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-            context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [B, heads, d], one query per sequence, rows may be strided; block_tables [B, max_blocks];
-        context_lens [B]."""
+            context_lens: torch.Tensor, scale: float, row_tables: Optional[torch.Tensor] = None,
+            out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """q [R, heads, d], one query token per row, rows may be strided; each attends to the first
+        context_lens [R] tokens of the sequence whose blocks are row row_tables [R] of block_tables
+        [S, max_blocks] (row r where row_tables is None: one token per sequence). Writes into `out`
+        [R, heads, d] (contiguous) where given."""
         if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
             q = q.contiguous()
-        out = q.new_empty(q.shape)
-        kernel(q, k_cache, v_cache, out, block_tables, context_lens, q.shape[0], q.stride(0), k_cache.shape[0],
-               k_cache.shape[1], block_tables.shape[1], float(scale))
+        out = q.new_empty(q.shape) if out is None else out
+        kernel(q, k_cache, v_cache, out, block_tables, row_tables, context_lens, q.shape[0], q.stride(0),
+               k_cache.shape[0], k_cache.shape[1], block_tables.shape[1], float(scale))
         return out
 
     return run
@@ -295,6 +299,21 @@ def cpu_model_name() -> str:
         return names[0] if names else platform.processor()
     except OSError:
         return platform.processor()
+
+
+# CPU flags (as /proc/cpuinfo names them) of instructions that compute on bfloat16: dot products of bfloat16
+# pairs into float32 (AVX512_BF16) and bfloat16 tile matmuls (AMX).
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_bf16_flags() -> list[str]:
+    """Which of BF16_FLAGS this CPU has (none where /proc/cpuinfo cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return []
+    return [flag for flag in BF16_FLAGS if flag in flags]
 
 
 def cpu_signature() -> str:

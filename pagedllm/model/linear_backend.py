@@ -1,14 +1,21 @@
-"""Which kernel runs each float32 linear layer on this CPU: chosen by timing the candidates, not by vendor.
+"""Which kernel runs each float32 linear layer on this CPU: the panel kernel wherever it can take the weight,
+else the faster of the others, chosen by timing them, not by vendor.
 
-The fastest kernel depends on the CPU model more than on its maker: on an Intel Xeon (AVX-512) the panel
-kernel (csrc/packed_linear.c) beat MKL 1.3-1.7x at 8 to 64 rows, and on an AMD Zen 4 it decoded at 21.2 ms
-per token against 39.5 for oneDNN, which had been chosen there because the machine was AMD. So on the first
-start on a CPU the candidates are timed on the model's own layer shapes (about a second) and the choice is
-cached on disk beside the compiled kernels, keyed by the CPU's model and flags, the torch version, the
-thread count, the kernel sources and the shapes. `PAGEDLLM_LINEAR_BACKEND=panels|onednn|torch` overrides it.
+The panel kernel (csrc/packed_linear.c) sums each output over its inputs in order, whatever the number of
+rows in the call, so a row's result never depends on the batch it runs in (batch invariance, on by default on
+CPU); oneDNN and MKL block their sums differently for different numbers of rows (on an AMD Zen 4 whose layers
+ran on oneDNN, logprobs moved by up to 2e-5 between batches of 1 and 48). It is also the fastest, or level, at decode on the CPUs measured: an
+Intel Xeon (AVX-512), where it beat MKL 1.3-1.7x at 8 to 64 rows (a 2048-row prefill ran 7% slower), and an
+AMD Zen 4, where it decoded at 21.2 ms per token against 39.5 for oneDNN.
 
-The candidates and their timing are in linear_timing.py. A layer keeps one layout, so each shape gets the
-candidate with the least time per token summed over three regimes: decode of one sequence (all of a call's
+For the shapes it cannot take (not whole panels), the others are timed on the first start on a CPU, on the
+model's own layer shapes (about a second), and the choice is cached on disk beside the compiled kernels,
+keyed by the CPU's model and flags, the torch version, the thread count, the kernel sources and the shapes.
+`PAGEDLLM_LINEAR_BACKEND=panels|onednn|torch` overrides the choice (onednn and torch give up batch
+invariance).
+
+The candidates and their timing are in linear_timing.py. A layer keeps one layout, so each timed shape gets
+the candidate with the least time per token summed over three regimes: decode of one sequence (all of a call's
 time goes to one token), decode of eight (an eighth each) and a 256-token prefill (a 256th each). Decode
 weighs most because every decoded token reads the whole weight from memory, which is where serving spends
 its time.
@@ -34,14 +41,21 @@ ENV_VAR = "PAGEDLLM_LINEAR_BACKEND"
 
 
 def choose_backends(shapes: Iterable[Shape]) -> dict[Shape, str]:
-    """The backend each float32 weight shape runs on: PAGEDLLM_LINEAR_BACKEND where set, else the cached
-    measurement for this CPU and these shapes, measured now if there is none."""
+    """The backend each float32 weight shape runs on: PAGEDLLM_LINEAR_BACKEND where set, else the panel kernel
+    where it takes the shape, else the cached measurement for this CPU and the other shapes, measured now if
+    there is none."""
     shapes = sorted(set(shapes))
+    override = os.environ.get(ENV_VAR)
+    if override and shapes:
+        return _overridden(override, shapes)
+    invariant = {shape: "panels" for shape in shapes if "panels" in available(shape)}
+    return {**invariant, **_measured([shape for shape in shapes if shape not in invariant])}
+
+
+def _measured(shapes: list[Shape]) -> dict[Shape, str]:
+    """The fastest backend for each shape, read from the cache or measured now."""
     if not shapes:
         return {}
-    override = os.environ.get(ENV_VAR)
-    if override:
-        return _overridden(override, shapes)
     path = os.path.join(cpu_kernels.CACHE_ROOT, f"linear-backends-{_cache_key(shapes)}.json")
     choices = _read_choices(path, shapes)
     if choices is None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from typing import Iterator
 
@@ -10,10 +11,13 @@ from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
+from pagedllm.model.cpu_kernels import BF16_FLAGS, cpu_bf16_flags
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.linear_backend import choose_backends
 from pagedllm.model.linear_timing import pack
 from pagedllm.model.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
 
 # Architectures served by the Llama-family implementation.
 _DECODER_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
@@ -55,6 +59,9 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
         # table stays float32 for the lookup).
         for module in linears:
             module.quantize_int8()
+    if device == "cpu" and model_config.dtype == torch.bfloat16 and not cpu_bf16_flags():
+        logger.warning("dtype=bfloat16 on a CPU without %s: PyTorch computes in bfloat16 by converting to float32 "
+                       "as it goes, slower than float32 here.", " or ".join(BF16_FLAGS))
     if device == "cpu" and model_config.dtype == torch.float32:
         # float32 weights take the backend measured fastest on this CPU for their shape; int8 takes the panel
         # kernel, which converts the weights as it streams them.

@@ -54,7 +54,11 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
         slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, begin + n))
     decode_rows = [(r, r.num_computed_tokens + j + 1) for r, n in decodes for j in range(n)]
     num_prefill_tokens = len(ids) - len(decode_rows)
-    block_tables = _decode_block_tables([r for r, _ in decode_rows])
+    block_tables = _block_tables([r for r, _ in decode_rows])
+    prefills = fresh + with_context
+    # Per prefill token: its sequence's row in the prefill block tables and the keys it attends to.
+    token_tables = [i for i, (_, n) in enumerate(prefills) for _ in range(n)]
+    token_lens = [p + 1 for p in positions[:num_prefill_tokens]]
     sample_rows = [i for i, (r, n) in enumerate(ordered)
                    if r.num_computed_tokens + n == r.num_tokens + len(r.spec_token_ids)]
     meta = AttentionMetadata(
@@ -64,7 +68,10 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
                                   torch.tensor(r.block_ids, dtype=torch.long, device=device))
                   for i, (r, n) in enumerate(with_context)],
         num_prefill_tokens=num_prefill_tokens, decode_block_tables=block_tables.to(device),
-        decode_context_lens=torch.tensor([length for _, length in decode_rows], dtype=torch.long, device=device))
+        decode_context_lens=torch.tensor([length for _, length in decode_rows], dtype=torch.long, device=device),
+        prefill_block_tables=_block_tables([r for r, _ in prefills]).to(device),
+        prefill_token_tables=torch.tensor(token_tables, dtype=torch.long, device=device),
+        prefill_token_lens=torch.tensor(token_lens, dtype=torch.long, device=device))
     return ModelInput(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),
@@ -106,8 +113,8 @@ def _group_by_length(prefills: list[tuple[WorkerRequest, int]]) -> list[PrefillG
     return groups
 
 
-def _decode_block_tables(requests: list[WorkerRequest]) -> torch.Tensor:
-    """Each decode's block ids, padded to the longest table with its own first block (so that every block
+def _block_tables(requests: list[WorkerRequest]) -> torch.Tensor:
+    """Each request's block ids, padded to the longest table with its own first block (so that every block
     read is one of its own and holds finite values)."""
     if not requests:
         return torch.zeros((0, 1), dtype=torch.long)

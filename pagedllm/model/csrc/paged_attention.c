@@ -1,14 +1,17 @@
-/* Attention of single query tokens over a paged KV cache, float32 on CPU.
+/* Attention of query tokens over a paged KV cache, float32 on CPU, each token on its own.
  *
- * Row r is the query token (all its heads) of sequence r; it attends to the first row_lens[r] tokens of
- * that sequence, found through block_tables[r]. The cache is read in place, block
- * by block, with an online softmax: no gathered copy of the context is made. The query heads sharing a
+ * Row r is one query token (all its heads); it attends to the first row_lens[r] tokens of its sequence,
+ * found through block_tables[row_tables[r]] (block_tables[r] where row_tables is null: one decode token per
+ * sequence). The cache is read in place, block by block, with an online softmax: no gathered copy of the
+ * context is made. Every row is reduced in the same order, over the same blocks, whichever rows share the
+ * call: a prefill token, a chunk's token and a decode token at the same position compute the same result
+ * (batch invariance). The query heads sharing a
  * KV head are handled together, so each key and value is loaded once for all of them. Blocks lie apart in
  * memory, where the hardware prefetcher does not follow: each block's successor is prefetched by hand.
  *
  * Layouts: q [rows, kv_heads * GROUP, HEAD_DIM] with q_stride floats between rows (a view of the merged QKV
  * projection), out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
- * BLOCK_SIZE, HEAD_DIM]; block_tables [rows, max_blocks]; row_lens [rows].
+ * BLOCK_SIZE, HEAD_DIM]; block_tables [sequences, max_blocks]; row_tables, row_lens [rows].
  *
  * The model's shape is fixed at compile time (-DGROUP, -DHEAD_DIM, -DBLOCK_SIZE) so that every inner
  * loop has a constant trip count the compiler unrolls and vectorizes, exp included.
@@ -25,12 +28,15 @@
 #endif
 
 void paged_attention_rows(const float *q, const float *k_cache, const float *v_cache, float *out,
-                          const int64_t *block_tables, const int64_t *row_lens, int64_t rows, int64_t q_stride,
-                          int64_t kv_heads, int64_t num_blocks, int64_t max_blocks, float scale) {
+                          const int64_t *block_tables, const int64_t *row_tables, const int64_t *row_lens,
+                          int64_t rows, int64_t q_stride, int64_t kv_heads, int64_t num_blocks, int64_t max_blocks,
+                          float scale) {
     const int64_t heads = kv_heads * GROUP;
+    /* KV head outermost: the threads take neighbouring rows of one head, which for a prefill's tokens read
+     * the same keys, while they are in the caches they share. */
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t h = 0; h < kv_heads; h++) {
+    for (int64_t h = 0; h < kv_heads; h++) {
+        for (int64_t r = 0; r < rows; r++) {
             float query[GROUP][HEAD_DIM], acc[GROUP][HEAD_DIM], weights[GROUP][BLOCK_SIZE];
             float running_max[GROUP], denominator[GROUP];
             for (int g = 0; g < GROUP; g++) {
@@ -42,7 +48,7 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
                 running_max[g] = -FLT_MAX;
                 denominator[g] = 0.0f;
             }
-            const int64_t *table = block_tables + r * max_blocks;
+            const int64_t *table = block_tables + (row_tables ? row_tables[r] : r) * max_blocks;
             const int64_t length = row_lens[r];
             for (int64_t start = 0; start < length; start += BLOCK_SIZE) {
                 const int64_t visible = length - start < BLOCK_SIZE ? length - start : BLOCK_SIZE;
@@ -90,6 +96,6 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
 
 void paged_attention_rows_entry(const int64_t *args) {
     paged_attention_rows(ARG(0, const float *), ARG(1, const float *), ARG(2, const float *), ARG(3, float *),
-                         ARG(4, const int64_t *), ARG(5, const int64_t *), args[6], args[7], args[8], args[9],
-                         args[10], float_arg(args, 11));
+                         ARG(4, const int64_t *), ARG(5, const int64_t *), ARG(6, const int64_t *), args[7],
+                         args[8], args[9], args[10], args[11], float_arg(args, 12));
 }

@@ -1,0 +1,77 @@
+"""The machine's own limits, measured in the benchmark's invocation: how fast it streams memory and how fast it
+multiplies float32 matrices, and the model's bytes and FLOPs they bound.
+
+At batch 1 every decoded token reads all the weights of the linear layers and the LM head from memory, so
+weights' bytes over the streaming rate is the least time per output token; a prompt's FLOPs over the
+matmul rate is the least time to first token. Both rates are the best of several timed runs on all of
+PyTorch's threads, so other work on a shared machine lowers them less than it would one run.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+STREAM_REPEATS = 7
+MATMUL_REPEATS = 7
+# The matmul timed: a prefill chunk of 2048 tokens through the default model's gate-up projection.
+MATMUL_SHAPE = (2048, 576, 3072)
+
+
+def default_model_weight_bytes(bytes_per_weight: int = 4) -> int:
+    """Bytes of weights a decode step of the default model reads (4 per weight in float32, 2 in bfloat16, 1
+    in int8): every linear layer and the LM head (the embedding lookup reads one row)."""
+    from pagedllm.model.gguf_loader import read_gguf_config
+    from pagedllm.model.source import default_model_path
+
+    c = read_gguf_config(default_model_path())
+    head_dim = c.hidden_size // c.num_attention_heads
+    per_layer = c.hidden_size * (2 * c.hidden_size + 2 * c.num_key_value_heads * head_dim + 3 * c.intermediate_size)
+    return bytes_per_weight * (c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size)
+
+
+def stream_rate(nbytes: int) -> float:
+    """Bytes per second of a streaming read (a sum) over a float32 buffer of `nbytes`, larger than any cache."""
+    import torch
+
+    buffer = torch.ones(nbytes // 4)
+    buffer.sum()  # pages faulted in before timing
+    best = float("inf")
+    for _ in range(STREAM_REPEATS):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return buffer.numel() * 4 / best
+
+
+def matmul_rate() -> float:
+    """float32 FLOP/s of a prefill-sized matmul on PyTorch's default path (MKL on CPU)."""
+    import torch
+
+    m, k, n = MATMUL_SHAPE
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    a @ b
+    best = float("inf")
+    for _ in range(MATMUL_REPEATS):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best
+
+
+def measure_limits(bytes_per_weight: int = 4) -> dict[str, Any]:
+    """The machine's rates and the default model's weights' size (run in a child process of its own)."""
+    import torch
+
+    weight_bytes = default_model_weight_bytes(bytes_per_weight)
+    return {"weight_bytes": weight_bytes, "stream_bytes_per_s": round(stream_rate(weight_bytes)),
+            "matmul_flops_per_s": round(matmul_rate()), "threads": torch.get_num_threads()}
+
+
+def cpu_flags() -> list[str]:
+    """The vector-extension flags of this CPU that decide which kernels it can run (AVX2, AVX-512, AMX, ...)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return sorted(flag for flag in flags if flag.startswith(("avx", "amx", "fma")))
