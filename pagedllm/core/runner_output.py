@@ -1,7 +1,7 @@
 """What comes back from the workers each step: plain data, no tensors."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional
 
 
 class TokenLogprobs(NamedTuple):
@@ -17,4 +17,6 @@ class ModelRunnerOutput(NamedTuple):
     logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
+    # Pooling models: request id -> its pooled output as (nested) lists of floats; None from generating models.
+    pooler_outputs: Optional[dict[str, Any]] = None
 
