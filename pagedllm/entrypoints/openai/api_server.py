@@ -30,9 +30,11 @@ from pagedllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCom
                                                   CompletionResponse, DetokenizeRequest, DetokenizeResponse,
                                                   ErrorResponse, ModelCard, ModelList, TokenizeRequest,
                                                   TokenizeResponse)
+from pagedllm.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import ServingContext
+from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger(__name__)
@@ -123,11 +125,13 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.post("/v1/completions", responses=_documented(CompletionResponse, streamed=True))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        raw_request.app.state.pooling.refuse_generation("Completions")
         return await _unless_cut_off(raw_request, raw_request.app.state.completion.create_completion(
             request, raw_request))
 
     @app.post("/v1/chat/completions", responses=_documented(ChatCompletionResponse, streamed=True))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        raw_request.app.state.pooling.refuse_generation("Chat Completions")
         return await _unless_cut_off(raw_request, raw_request.app.state.chat.create_chat_completion(
             request, raw_request))
 
@@ -190,6 +194,7 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     app.add_middleware(GuardMiddleware, api_key=api_key, max_body_bytes=args.max_request_body_bytes)
     _add_error_handlers(app)
     _add_routes(app)
+    add_pooling_routes(app, _documented)
     app.state.engine = engine
     app.state.draining = False
     app.state.model_path = (await engine.get_model_config()).path
@@ -197,6 +202,7 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     app.state.completion = OpenAIServingCompletion(context)
     app.state.chat = OpenAIServingChat(context)
     app.state.tokenization = OpenAIServingTokenization(context)
+    app.state.pooling = OpenAIServingPooling(context, await engine.get_model_config())
     return app
 
 
