@@ -13,8 +13,7 @@ from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 # The request tasks each model task serves ("encode": the pooled hidden states as they are).
-_REQUEST_TASKS = {"embed": ("embed", "encode", "score"), "reward": ("encode",),
-                  "classify": ("classify", "encode", "score"), "score": ("score", "classify", "encode")}
+_REQUEST_TASKS = {"embed": ("embed", "encode"), "reward": ("encode",)}
 
 
 def check_params_kind(params: Any, model_config: ModelConfig) -> None:

@@ -48,7 +48,10 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
     if is_encoder(hf_config):
         encoder = BertModel(hf_config)
         encoder.load_weights(iter_weights(model_config))
-        return encoder.to(device=device, dtype=model_config.dtype).eval()
+        encoder = encoder.to(device=device, dtype=model_config.dtype).eval()
+        if device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            encoder.pack_for_cpu()
+        return encoder
     if not archs & _DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {sorted(archs)} is not supported; supported: "
                          f"{sorted(_DECODER_ARCHITECTURES | {'BertModel'})}.")

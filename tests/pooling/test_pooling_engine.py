@@ -48,3 +48,21 @@ def test_step_returns_pooling_outputs_and_counts_them():
     metrics = outputs["c"].metrics
     assert metrics.finished_time >= metrics.first_scheduled_time >= metrics.arrival_time
     assert engine.scheduler.kv_cache.usage == 0.0  # the bookkeeping blocks are all back
+
+
+def test_pooling_requests_are_traced(otlp_collector):
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    collector = otlp_collector("grpc")
+    engine = LLMEngine.from_engine_args(EngineArgs(task="embed", otlp_traces_endpoint=collector.endpoint))
+    memory = InMemorySpanExporter()
+    engine.tracer.add_span_processor(SimpleSpanProcessor(memory))
+    engine.add_request("traced", {"prompt_token_ids": [101, 7592, 2088, 102]}, PoolingParams())
+    while engine.has_unfinished_requests():
+        engine.step()
+    (span,) = memory.get_finished_spans()
+    assert span.attributes["gen_ai.request.id"] == "traced"
+    assert span.attributes["gen_ai.usage.prompt_tokens"] == 4
+    assert span.attributes["gen_ai.usage.completion_tokens"] == 0
+    assert "gen_ai.request.temperature" not in span.attributes
