@@ -11,8 +11,7 @@ from typing import Any, Optional, Union
 
 from pagedllm.config_compat import CompatArgs, check_unsupported
 from pagedllm.pooling.config import (POOLING_TASKS, PoolerConfig, check_task_name, default_pooler_config,
-                                     is_encoder,
-                                     resolve_task, sentence_transformers_max_length)
+                                     is_encoder, resolve_task, sentence_transformers_max_length)
 
 logger = logging.getLogger(__name__)
 

@@ -52,7 +52,8 @@ class PoolerConfig:
 
     def over(self, base: "PoolerConfig") -> "PoolerConfig":
         """These settings where they are set, `base`'s elsewhere."""
-        return replace(base, **{f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None})
+        given = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(base, **{name: value for name, value in given.items() if value is not None})
 
 
 def model_tasks(hf_config: Any) -> tuple[str, ...]:

@@ -66,3 +66,20 @@ def test_pooling_requests_are_traced(otlp_collector):
     assert span.attributes["gen_ai.usage.prompt_tokens"] == 4
     assert span.attributes["gen_ai.usage.completion_tokens"] == 0
     assert "gen_ai.request.temperature" not in span.attributes
+
+
+def test_async_engine_encode_yields_one_final_output():
+    import asyncio
+
+    from pagedllm import AsyncEngineArgs, AsyncLLMEngine
+
+    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(task="embed"))
+
+    async def encode() -> list:
+        return [output async for output in engine.encode("An asynchronous text.", PoolingParams(), "async-1")]
+
+    try:
+        (output,) = asyncio.run(encode())
+    finally:
+        engine.shutdown()
+    assert output.finished and output.request_id == "async-1" and output.outputs.data.shape == (384,)
