@@ -45,6 +45,7 @@ class ModelConfig:
     def runner_type(self) -> str:
         """"pooling" for embedding, classification, score and reward models, else "generate"."""
         return "generate" if self.pooler_config is None else "pooling"
+    enable_sleep_mode: bool = False  # sleep() / wake_up() may release and restore weights and KV cache
 
     @property
     def vocab_size(self) -> int:
@@ -241,7 +242,8 @@ class EngineArgs(CompatArgs):
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
             quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
-            task=task, enforce_eager=self.enforce_eager, pooler_config=pooler_config)
+            task=task, enforce_eager=self.enforce_eager, pooler_config=pooler_config,
+            enable_sleep_mode=self.enable_sleep_mode)
         block_size = self.block_size if self.block_size is not None else 16
         if block_size not in ALLOWED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}.")

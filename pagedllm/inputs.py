@@ -32,6 +32,18 @@ class ParsedPrompt(NamedTuple):
     embeds: Any = None
 
 
+def checked_prompt_embeds(embeds: Any, hidden_size: int, enabled: bool) -> Any:
+    """A prompt's embeddings as the workers take them (detached, on the CPU), after checking that the engine
+    takes embeddings and that they are a float tensor of shape (prompt length, hidden_size)."""
+    if not enabled:
+        raise ValueError("Prompt embeddings need enable_prompt_embeds=True (prompt_embeds was given).")
+    shape = tuple(getattr(embeds, "shape", ()))
+    if len(shape) != 2 or shape[1] != hidden_size or not embeds.is_floating_point():
+        raise ValueError(f"prompt_embeds must be a float tensor of shape (prompt length, {hidden_size}), "
+                         f"got {type(embeds).__name__} of shape {shape}.")
+    return embeds.detach().to("cpu").contiguous()
+
+
 def parse_prompt(prompt: PromptType) -> ParsedPrompt:
     """Normalise the accepted prompt forms; anything else is a TypeError naming what was given (multimodal data,
     which no model here reads, a ValueError)."""

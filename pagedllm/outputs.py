@@ -40,7 +40,8 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """One completion of a request."""
+    """One completion of a request. A request that failed on its own while its batch ran (its logits processor
+    raised, its logits were NaN, ...) ends with finish_reason "error" and the reason as `stop_reason`."""
 
     index: int
     text: str

@@ -91,6 +91,8 @@ WORKS = {
     "scheduling_policy": ("priority", lambda c: c.scheduler_config.policy == "priority"),
     "generation_config": ("vllm", lambda c: c.model_config.generation_config == "vllm"),
     "model_impl": ("vllm", lambda c: True),  # pagedllm's own implementation, as "auto"
+    "enable_sleep_mode": (True, lambda c: c.model_config.enable_sleep_mode),
+    "enable_prompt_embeds": (True, lambda c: c.model_config.enable_prompt_embeds),
 }
 
 
@@ -153,9 +155,7 @@ def test_an_unknown_task_lists_the_valid_ones():
 @pytest.mark.parametrize("name, value, reason", [
     ("enable_lora", True, "LoRA adapters are not applied yet"),
     ("speculative_config", {"method": "ngram", "num_speculative_tokens": 2}, "speculative decoding"),
-    ("enable_sleep_mode", True, "sleep mode"),
     ("num_scheduler_steps", 4, "multi-step"),
-    ("enable_prompt_embeds", True, "prompt embeddings"),
     ("load_format", "safetensors", "for this model"),
 ])
 def test_features_not_implemented_raise_with_their_reason(name, value, reason):

@@ -17,6 +17,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_IGNORED = enum.auto()  # the prompt can never fit in the KV cache
+    FINISHED_ERROR = enum.auto()  # something of its own failed while its batch ran (its stop_reason says what)
 
     @property
     def is_finished(self) -> bool:
@@ -32,6 +33,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
     RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 

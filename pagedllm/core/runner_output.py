@@ -17,6 +17,9 @@ class ModelRunnerOutput(NamedTuple):
     logprobs: dict[str, TokenLogprobs]  # one position: the sampled token
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
+    # Requests that failed on their own this step (their seed, logits processor, non-finite logits): id -> why.
+    # They have no sampled token; the engine finishes them with an error and the batch goes on.
+    failed: dict[str, str] = {}
     # Pooling models: request id -> its pooled output as (nested) lists of floats; None from generating models.
     pooler_outputs: Optional[dict[str, Any]] = None
 

@@ -104,7 +104,7 @@ class Scheduler:
                 out.new_requests.append(NewRequestData(
                     request.request_id, list(request.prompt_token_ids), list(request.output_token_ids),
                     request.sampling_params, request.eos_token_id, list(request.block_ids),
-                    request.num_computed_tokens, request.lora_request))
+                    request.num_computed_tokens, request.lora_request, request.prompt_embeds))
             else:
                 out.cached_requests.append(CachedRequestData(
                     request.request_id, request.all_token_ids[request.num_tokens_sent:],

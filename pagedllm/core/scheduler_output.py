@@ -24,6 +24,9 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     lora_request: Any = None
+    # A prompt given as embeddings [prompt len, hidden] (its prompt_token_ids are placeholders); sent with
+    # the request whole, never with its changes.
+    prompt_embeds: Any = None
 
 
 @dataclass

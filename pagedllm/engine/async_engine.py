@@ -17,14 +17,14 @@ from typing import Any, AsyncGenerator, Iterable, Mapping, NamedTuple, Optional,
 from pagedllm.config import AsyncEngineArgs, ModelConfig
 from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestStreams, stream_outputs
+from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestFailedError, RequestStreams, stream_outputs
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine"]
+__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine", "RequestFailedError"]
 
 
 @dataclass
@@ -112,6 +112,16 @@ class AsyncLLMEngine:
 
     async def start_profile(self) -> None:
         self.engine.start_profile()
+
+    async def sleep(self, level: int = 1) -> None:
+        """Sleep mode (LLMEngine.sleep), in the step thread so that it never overlaps a step."""
+        await asyncio.get_running_loop().run_in_executor(self._step_thread, self.engine.sleep, level)
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._step_thread, self.engine.wake_up, tags)
+
+    async def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
 
     async def stop_profile(self) -> None:
         self.engine.stop_profile()

@@ -151,6 +151,18 @@ class LLM(PoolingMixin):
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """Release the weights (level 1 keeps a host copy, level 2 none) and the KV cache
+        (needs enable_sleep_mode=True); `wake_up()` restores them."""
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore what sleep() released: "weights", "kv_cache", or both when `tags` is None."""
+        self.llm_engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.llm_engine.is_sleeping()
+
     def collective_rpc(self, method: Any, timeout: Optional[float] = None, args: tuple = (),
                        kwargs: Optional[dict[str, Any]] = None) -> list[Any]:
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)

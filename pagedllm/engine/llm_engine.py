@@ -16,8 +16,9 @@ from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.pooling import check_params_kind, pooling_output, prepare_pooling_params
 from pagedllm.engine.request_state import RequestState
+from pagedllm.engine.sleep_mode import SleepModeMixin
 from pagedllm.executor import ExecutorBase
-from pagedllm.inputs import PromptType, parse_prompt
+from pagedllm.inputs import PromptType, checked_prompt_embeds, parse_prompt
 from pagedllm.metrics.collector import StatsCollector
 from pagedllm.metrics.loggers import StatLoggerBase
 from pagedllm.metrics.setup import default_stat_loggers, request_tracer
@@ -31,7 +32,7 @@ from pagedllm.tokenizer import get_generation_config, get_tokenizer
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine(EngineCompatMixin):
+class LLMEngine(EngineCompatMixin, SleepModeMixin):
     def __init__(self, config: EngineConfig, executor_cls: type[ExecutorBase], log_stats: bool = True,
                  usage_context: UsageContext = UsageContext.ENGINE_CONTEXT,
                  stat_loggers: Optional[dict[str, StatLoggerBase]] = None) -> None:
@@ -113,6 +114,7 @@ class LLMEngine(EngineCompatMixin):
         """Validate and queue a request; a bad request raises ValueError (or TypeError) and changes nothing."""
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id).__name__}.")
+        self._check_awake()
         if request_id in self.requests or request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
         check_params_kind(params, self.model_config)
@@ -120,12 +122,16 @@ class LLMEngine(EngineCompatMixin):
             raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
-        text, token_ids = self._prompt_token_ids(prompt, tokenization_kwargs)
+        text, token_ids, embeds = self._prompt_token_ids(prompt, tokenization_kwargs)
         if isinstance(params, PoolingParams):
+            if embeds is not None:
+                raise ValueError("Prompt embeddings are not supported by pooling requests; pass text or token ids.")
             params = prepare_pooling_params(params, token_ids, self.model_config,
                                             self.config.scheduler_config.max_num_batched_tokens)
         else:
             params = self._prepare_params(params, token_ids)
+            if embeds is not None:
+                embeds = self._embeds_params(embeds, params, len(token_ids))
         if trace_headers and self.tracer is None:
             warn_tracing_disabled()
         if getattr(params, "guided_decoding", None) is not None:
@@ -135,7 +141,7 @@ class LLMEngine(EngineCompatMixin):
         children = parent.children() if parent is not None else [(0, request_id, params)]
         for index, child_id, child_params in children:
             request = Request(child_id, list(token_ids), child_params, arrival_time or time.time(),
-                              self.eos_token_id, priority, lora_request,
+                              self.eos_token_id, priority, lora_request, prompt_embeds=embeds,
                               trace_headers=trace_headers if self.tracer else None)
             guided = getattr(child_params, "guided_decoding", None)
             virtual_engine = min(range(len(self.schedulers)),
@@ -148,17 +154,30 @@ class LLMEngine(EngineCompatMixin):
             self.parents[request_id] = parent
 
     def _prompt_token_ids(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]
-                          ) -> tuple[Optional[str], list[int]]:
+                          ) -> tuple[Optional[str], list[int], Any]:
+        """The prompt's text, its token ids and its embeddings (then the token ids are placeholders, 0 per
+        position: the scheduler counts them, the prefix cache skips such requests)."""
         parsed = parse_prompt(prompt)
         if parsed.embeds is not None:
-            raise ValueError("Prompt embeddings need enable_prompt_embeds=True and a model that supports them.")
+            embeds = checked_prompt_embeds(parsed.embeds, self.model_config.hf_config.hidden_size,
+                                           self.model_config.enable_prompt_embeds)
+            return None, [0] * embeds.shape[0], embeds
         token_ids = parsed.token_ids
         if token_ids is None:
             if self.tokenizer is None:
                 raise ValueError("A text prompt needs the tokenizer, but skip_tokenizer_init=True; "
                                  "pass prompt_token_ids instead.")
             token_ids = self.tokenizer.encode(parsed.text, **(tokenization_kwargs or {}))
-        return parsed.text, token_ids
+        return parsed.text, token_ids, None
+
+    @staticmethod
+    def _embeds_params(embeds: Any, params: SamplingParams, num_tokens: int) -> Any:
+        """The embeddings kept after truncate_prompt_tokens; what reads prompt token ids is refused."""
+        if params.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs cannot be computed for a prompt given as prompt_embeds.")
+        if params.repetition_penalty != 1:
+            raise ValueError("repetition_penalty cannot be applied to a prompt given as prompt_embeds.")
+        return embeds[-num_tokens:]
 
     def _prepare_params(self, params: SamplingParams, token_ids: list[int]) -> SamplingParams:
         """Check the prompt against the model and fill the engine-derived parts of a copy of `params`."""
@@ -231,17 +250,19 @@ class LLMEngine(EngineCompatMixin):
 
     def _finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
         """The one place where requests finish: the scheduler frees their blocks (unless it finished them
-        itself), their records go, finished ones are counted and traced, aborted ones are not."""
+        itself), their records go, finished ones are counted and traced, aborted and failed ones are not."""
         for request_id in request_ids:
             state = self.requests.pop(request_id, None)
             if state is None:
                 continue
+            if status == RequestStatus.FINISHED_ERROR:
+                logger.error("Request %s failed alone, the others go on: %s", request_id, state.request.stop_reason)
             self.schedulers[state.virtual_engine].finish_requests([request_id], status)
             if state.parent is not None:
                 parent = state.parent[0]
                 if status == RequestStatus.FINISHED_ABORTED or parent.finished:
                     self.parents.pop(parent.request_id, None)
-            if status != RequestStatus.FINISHED_ABORTED:
+            if status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
                 self.stats.on_finished(state.request, state.metrics)
 
     @property
@@ -265,19 +286,20 @@ class LLMEngine(EngineCompatMixin):
         before any is waited for, so that pipeline stages work on different batches at once."""
         outputs, started = [], []
         for scheduler in self.schedulers:
-            scheduler_output, scheduled = self._schedule(scheduler, outputs)
+            scheduler_output, scheduled, failed = self._schedule(scheduler, outputs)
             if scheduler_output.has_work_for_workers:
-                started.append((scheduler_output, scheduled, time.perf_counter(),
+                started.append((scheduler_output, scheduled, failed, time.perf_counter(),
                                 self.model_executor.execute_model_async(scheduler_output)))
-        for scheduler_output, scheduled, start, wait in started:
-            outputs += self._update(scheduler_output, scheduled, wait(), time.perf_counter() - start)
+        for scheduler_output, scheduled, failed, start, wait in started:
+            outputs += self._update(scheduler_output, scheduled, wait(), time.perf_counter() - start, failed)
         self.do_log_stats()
         return outputs
 
     def _schedule(self, scheduler: Scheduler, outputs: list[RequestOutput]
-                  ) -> tuple[SchedulerOutput, list[RequestState]]:
-        """One virtual engine's plan with the grammar masks its sampling rows need, and the records of its
-        scheduled requests; requests that can never fit are finished into `outputs`."""
+                  ) -> tuple[SchedulerOutput, list[RequestState], dict[str, str]]:
+        """One virtual engine's plan with the grammar masks its sampling rows need, the records of its
+        scheduled requests and those whose grammar failed (id -> why; they fail after the step); requests
+        that can never fit are finished into `outputs`."""
         start = time.perf_counter()
         scheduler_output = scheduler.schedule()
         scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens]
@@ -285,27 +307,35 @@ class LLMEngine(EngineCompatMixin):
         ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests]
         self.stats.on_schedule([s.metrics for s in scheduled + ignored], time.perf_counter() - start)
         outputs += self._finish_ignored(ignored)
-        scheduler_output.grammar_bitmasks = self.grammars.bitmasks(
+        scheduler_output.grammar_bitmasks, failed = self.grammars.bitmasks(
             {s.request_id: s.grammar for s in scheduled if s.grammar is not None
              and s.request.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id]
              == s.request.num_tokens})
-        return scheduler_output, scheduled
+        return scheduler_output, scheduled, failed
 
     def _update(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState], result: ModelRunnerOutput,
-                execute_time: float) -> list[RequestOutput]:
+                execute_time: float, failed: dict[str, str]) -> list[RequestOutput]:
         """Take a step's sampled tokens: advance the requests, advance their grammars, make their outputs,
-        finish the ones that stopped."""
+        finish the ones that stopped. A request that failed on its own (here or in the workers) takes no
+        token and finishes with an error; the others go on."""
         if result.pooler_outputs is not None:
             return self._update_pooled(scheduler_output, scheduled, result, execute_time)
-        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output,
-                                                                            result.sampled_token_ids)
-        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], result.sampled_token_ids, execute_time,
+        failed = {**failed, **result.failed}
+        if failed:
+            result = result._replace(sampled_token_ids={rid: token for rid, token in result.sampled_token_ids.items()
+                                                        if rid not in failed})
+        sampled = result.sampled_token_ids
+        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, sampled)
+        self.stats.on_tokens([(s.request, s.metrics) for s in scheduled], sampled, execute_time,
                              result.model_forward_time)
         for state in scheduled:
-            token_id = result.sampled_token_ids.get(state.request_id)
+            token_id = sampled.get(state.request_id)
             if state.grammar is not None and token_id is not None:
-                accept_token(state.request_id, state.grammar, token_id)
-        step_outputs, finished = self.output_processor.process(scheduled, result)
+                try:
+                    accept_token(state.request_id, state.grammar, token_id)
+                except Exception as error:
+                    failed[state.request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
+        step_outputs, finished = self.output_processor.process(scheduled, result, failed)
         for status in set(finished.values()):
             self._finish_requests([rid for rid, s in finished.items() if s == status], status)
         return step_outputs

@@ -27,19 +27,20 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._token_text.clear()
 
-    def process(self, states: list[RequestState], result: ModelRunnerOutput
+    def process(self, states: list[RequestState], result: ModelRunnerOutput, failed: dict[str, str]
                 ) -> tuple[list[RequestOutput], dict[str, RequestStatus]]:
-        """Outputs of this step, and the requests that finished with their status."""
+        """Outputs of this step, and the requests that finished with their status. The requests in `failed`
+        (id -> why) finish with an error, as does one whose detokenizing or stop check raises."""
         outputs, finished = [], {}
         parents: dict[str, ParentRequest] = {}
         for state in states:
             request_id = state.request_id
-            if request_id in result.prompt_logprobs:
-                state.prompt_logprobs.extend(self._logprob_dicts(result.prompt_logprobs[request_id],
-                                                                 state.request.sampling_params.detokenize))
-            if request_id not in result.sampled_token_ids:
+            sampled = request_id in result.sampled_token_ids
+            if not sampled and request_id not in failed and request_id not in result.prompt_logprobs:
                 continue
-            status = self._add_token(state, result.logprobs.get(request_id))
+            status = self._advance(state, result, failed)
+            if status is None and not sampled:  # a prompt chunk's logprobs: kept for the first output
+                continue
             if status is not None:
                 finished[request_id] = status
             output = self.make_output(state, status)
@@ -59,6 +60,24 @@ class OutputProcessor:
         parent, index = state.parent
         parent.record(index, output)
         return _collect([parent])
+
+    def _advance(self, state: RequestState, result: ModelRunnerOutput, failed: dict[str, str]
+                 ) -> Optional[RequestStatus]:
+        """Take the request's prompt logprobs and token of this step; its status after them, or
+        FINISHED_ERROR (with why as its stop reason) when it failed in the workers or fails here."""
+        request_id = state.request_id
+        if request_id not in failed:
+            try:
+                entry = result.prompt_logprobs.get(request_id)
+                if entry is not None:
+                    state.prompt_logprobs.extend(self._logprob_dicts(entry, state.request.sampling_params.detokenize))
+                if request_id not in result.sampled_token_ids:
+                    return None
+                return self._add_token(state, result.logprobs.get(request_id))
+            except Exception as error:  # this request's own text or stop check: it fails alone
+                failed[request_id] = f"processing its output raised {type(error).__name__}: {error}"
+        state.request.stop_reason = failed[request_id]
+        return RequestStatus.FINISHED_ERROR
 
     def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs]) -> Optional[RequestStatus]:
         request = state.request

@@ -7,13 +7,26 @@ can be aborted.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncGenerator, Callable, Union
+from typing import AsyncGenerator, Callable, Optional, Union
 
 from pagedllm.outputs import RequestOutput
 
 
 class AsyncEngineDeadError(RuntimeError):
     """The engine failed or its process died; it accepts no more requests."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request failed on its own while its batch ran (its logits processor, grammar, seed, NaN logits,
+    output processing); the engine goes on serving the others."""
+
+
+def failure(output: RequestOutput) -> Optional[RequestFailedError]:
+    """The error of a finished output one of whose completions ended with finish_reason "error"."""
+    reasons = [str(c.stop_reason) for c in output.outputs if c.finish_reason == "error"]
+    if not output.finished or not reasons:
+        return None
+    return RequestFailedError(f"Request {output.request_id} failed: {reasons[0]}")
 
 
 class RequestStreams:
@@ -46,16 +59,18 @@ class RequestStreams:
 
 async def stream_outputs(queue: asyncio.Queue, request_id: str,
                          on_abandoned: Callable[[str], None]) -> AsyncGenerator[RequestOutput, None]:
-    """Yield outputs until the finished one; raise a queued exception; call `on_abandoned` if the consumer
-    stops before the request finished."""
+    """Yield outputs until the finished one; raise a queued exception, or RequestFailedError for a request
+    that failed on its own; call `on_abandoned` if the consumer stops before the request finished."""
     finished = False
     try:
         while not finished:
             item = await queue.get()
+            if isinstance(item, RequestOutput):
+                finished = item.finished
+                item = failure(item) or item
             if isinstance(item, BaseException):
                 finished = True
                 raise item
-            finished = item.finished
             yield item
     except (asyncio.CancelledError, GeneratorExit):
         if not finished:

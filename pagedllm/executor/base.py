@@ -53,6 +53,12 @@ class ExecutorBase(ABC):
     def initialize_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_cache", args=(num_blocks,))
 
+    def sleep(self, level: int) -> None:
+        self.collective_rpc("sleep", args=(level,))
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        self.collective_rpc("wake_up", args=(tags,))
+
     def start_profile(self) -> None:
         self.collective_rpc("start_profile")
 

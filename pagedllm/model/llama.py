@@ -129,12 +129,17 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(hidden, residual)[0]
 
     def forward_stage(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
-                      meta: AttentionMetadata) -> Optional[torch.Tensor]:
-        """One forward pass of this stage with its pipeline traffic: the first stage embeds input_ids [T], later
-        ones receive the previous stage's output. The last stage returns the final hidden states [T, hidden];
-        the others send theirs to the next stage and return None. Every worker of the step calls it."""
+                      meta: AttentionMetadata, prompt_embeds: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+                      ) -> Optional[torch.Tensor]:
+        """One forward pass of this stage with its pipeline traffic: the first stage embeds input_ids [T] (rows
+        [R] given as `prompt_embeds` [R, hidden] take those instead), later ones receive the previous stage's
+        output. The last stage returns the final hidden states [T, hidden]; the others send theirs to the next
+        stage and return None. Every worker of the step calls it."""
         if self.embed_tokens is not None:
             hidden, residual = self.embed(input_ids), None
+            if prompt_embeds is not None:
+                rows, values = prompt_embeds
+                hidden[rows] = values.to(hidden.dtype)
         else:
             hidden, residual = self.parallel.pipeline.recv(self.layers[0].input_layernorm.weight.dtype)
         out = self(hidden, positions, kv_caches, meta, residual)

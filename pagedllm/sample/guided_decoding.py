@@ -59,22 +59,27 @@ class GrammarManager:
             self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         return self._compiler
 
-    def bitmasks(self, matchers: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def bitmasks(self, matchers: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Packed int32 masks [vocab/32] of the next allowed tokens, by request id, for the given matchers
-        (request id -> matcher) that are not terminated."""
+        (request id -> matcher) that are not terminated; and the requests whose matcher failed (id -> why),
+        which fail alone."""
         import xgrammar as xgr
 
         live = {rid: m for rid, m in matchers.items() if not m.is_terminated()}
         if not live:
-            return {}
+            return {}, {}
         masks = xgr.allocate_token_bitmask(len(live), self.vocab_size)
-        for i, matcher in enumerate(live.values()):
-            matcher.fill_next_token_bitmask(masks, i)
-        return dict(zip(live, masks))
+        failed = {}
+        for i, (request_id, matcher) in enumerate(live.items()):
+            try:
+                matcher.fill_next_token_bitmask(masks, i)
+            except Exception as error:
+                failed[request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
+        return {rid: mask for rid, mask in zip(live, masks) if rid not in failed}, failed
 
 
 def accept_token(request_id: str, matcher: Any, token_id: int) -> None:
-    """Advance a guided request's matcher by its sampled token."""
+    """Advance a guided request's matcher by its sampled token (an exception fails the request)."""
     if not matcher.is_terminated() and not matcher.accept_token(token_id):
         logger.warning("Request %s: token %d does not fit its guided decoding grammar.", request_id, token_id)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import torch
@@ -61,6 +61,8 @@ class SamplingMetadata:
     # Tokens that may not be sampled: min_tokens not reached (stop ids) and bad words; (rows, token ids).
     banned: Optional[tuple[torch.Tensor, torch.Tensor]]
     grammar: Optional[tuple[torch.Tensor, torch.Tensor]]  # rows [R], packed int32 bitmasks [R, vocab/32]
+    # Rows that failed on their own (a logits processor raised): row -> why, filled by the sampler's steps.
+    failed: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, requests: list[SamplingRequest], generators: dict[str, torch.Generator], vocab_size: int,

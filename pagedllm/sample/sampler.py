@@ -23,6 +23,7 @@ class SamplerOutput(NamedTuple):
     logprob_token_ids: Optional[torch.Tensor]
     logprobs: Optional[torch.Tensor]
     sampled_ranks: Optional[torch.Tensor]
+    failed: dict[int, str]  # rows that could not be sampled, with why; their token is meaningless
 
 
 class Sampler:
@@ -33,20 +34,39 @@ class Sampler:
             logits = step(logits, meta)
         logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
         # max(dim).indices is argmax (the first maximum on ties) at a third of its cost on CPU.
-        greedy_tokens = logits.max(dim=-1).indices
+        row_max = logits.max(dim=-1)
+        greedy_tokens = row_max.indices
         if meta.all_greedy:
             tokens = greedy_tokens
         else:
             tokens = torch.where(meta.greedy, greedy_tokens, sample_random(logits, meta))
+        failed = {**meta.failed, **unsampleable_rows(row_max.values)}
         if logprobs is None:
-            return SamplerOutput(tokens, None, None, None)
-        return SamplerOutput(tokens, *gather_logprobs(logprobs, tokens, meta.max_num_logprobs))
+            return SamplerOutput(tokens, None, None, None, failed)
+        return SamplerOutput(tokens, *gather_logprobs(logprobs, tokens, meta.max_num_logprobs), failed)
+
+
+def unsampleable_rows(row_max: torch.Tensor) -> dict[int, str]:
+    """Rows whose largest logit is NaN (max propagates NaN), +inf or -inf (every token masked).
+    One check over the [N] maxima each step; the rows are only looked at when it fires."""
+    bad = ~torch.isfinite(row_max)
+    if not bool(bad.any()):
+        return {}
+    return {int(row): ("its logits contain NaN or infinity" if not bool(row_max[row] == float("-inf"))
+                       else "every token was masked out, so none can be sampled")
+            for row in bad.nonzero().flatten()}
 
 
 def apply_logits_processors(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Each row's processors in turn; one that raises fails its row, the rest of the batch goes on."""
     for entry in meta.logits_processors:
+        if entry.row in meta.failed:
+            continue
         args = (entry.output_ids,) if entry.prompt_ids is None else (entry.prompt_ids, entry.output_ids)
-        logits[entry.row] = entry.processor(*args, logits[entry.row])
+        try:
+            logits[entry.row] = entry.processor(*args, logits[entry.row])
+        except Exception as error:
+            meta.failed[entry.row] = f"its logits processor raised {type(error).__name__}: {error}"
     return logits
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -19,6 +20,8 @@ class ModelInput:
     query_starts: list[int]
     sample_rows: list[int]  # index into `requests` of those whose last token is computed this step
     sample_token_indices: torch.Tensor  # [S] flat token index of each sampling row's last token
+    # Prompt positions given as embeddings: flat token rows [R] and their embeddings [R, hidden]; None if none.
+    prompt_embeds: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
 
 def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: int, device: torch.device) -> ModelInput:
@@ -57,7 +60,25 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
         attn_metadata=meta, requests=[r for r, _ in ordered], num_new_tokens=[n for _, n in ordered],
         query_starts=query_starts, sample_rows=sample_rows,
         sample_token_indices=torch.tensor([query_starts[i] + ordered[i][1] - 1 for i in sample_rows],
-                                          dtype=torch.long, device=device))
+                                          dtype=torch.long, device=device),
+        prompt_embeds=_prompt_embeds(ordered, query_starts, device))
+
+
+def _prompt_embeds(ordered: list[tuple[WorkerRequest, int]], query_starts: list[int], device: torch.device
+                   ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The flat rows of this step's prompt positions that come as embeddings, and those embeddings."""
+    rows, values = [], []
+    for (request, n), start in zip(ordered, query_starts):
+        if request.prompt_embeds is None:
+            continue
+        begin = request.num_computed_tokens
+        end = min(begin + n, request.num_prompt_tokens)
+        if end > begin:
+            rows.extend(range(start, start + end - begin))
+            values.append(request.prompt_embeds[begin:end])
+    if not rows:
+        return None
+    return torch.tensor(rows, dtype=torch.long, device=device), torch.cat(values).to(device)
 
 
 def _group_by_length(prefills: list[tuple[WorkerRequest, int]]) -> list[PrefillGroup]:

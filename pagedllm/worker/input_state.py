@@ -22,6 +22,7 @@ class WorkerRequest(TokenCounts):
         self.block_ids: list[int] = data.block_ids
         self.num_computed_tokens = data.num_computed_tokens
         self.lora_request: Any = data.lora_request
+        self.prompt_embeds: Any = data.prompt_embeds  # [prompt len, hidden] tensor, or None
 
 
 class InputState:

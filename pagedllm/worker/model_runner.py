@@ -49,7 +49,13 @@ class ModelRunner:
                                              self.config.model_config.dtype, self.device)
                            for _ in range(shape.num_layers)]
                           for _ in range(self.ranks.pp_size)]
+        self.reset_decode_graphs()
+
+    def reset_decode_graphs(self) -> None:
+        """New CPU graphs (recorded on first use) over the current weights and KV cache; graphs hold
+        pointers, so sleep mode calls this once the weights and the cache are back in new memory."""
         model_config = self.config.model_config
+        self.decode_graphs = None
         # A graph replays one process's kernels: tensor parallelism's all-reduces and a pipeline stage's
         # sends are not kernel calls (a capture would refuse them), so sharded models run eagerly.
         if (self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager
@@ -57,12 +63,17 @@ class ModelRunner:
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                               self.block_size)
 
+    def release_cache(self) -> None:
+        """Drop the KV cache and the graphs that point into it (sleep mode)."""
+        self.kv_caches = []
+        self.decode_graphs = None
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in scheduler_output.finished_req_ids:
             self.generators.pop(request_id, None)
         scheduled = self.input_state.update(scheduler_output)
-        merged = ModelRunnerOutput({}, {}, {})
+        merged = ModelRunnerOutput({}, {}, {}, failed={})
         if not scheduled:
             return merged
         forward_ms = 0.0
@@ -71,6 +82,7 @@ class ModelRunner:
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
             merged.prompt_logprobs.update(output.prompt_logprobs)
+            merged.failed.update(output.failed)
             forward_ms += output.model_forward_time
         return merged._replace(model_forward_time=forward_ms)
 
@@ -81,7 +93,9 @@ class ModelRunner:
         start = time.perf_counter()
         hidden = self.decode_graphs.forward(batch) if self.decode_graphs is not None else None
         if hidden is None:
-            hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata)
+            extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
+            hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,
+                                              **extra)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
         forward_ms = (time.perf_counter() - start) * 1000
@@ -93,26 +107,33 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
         if logits is None:
             return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
-        meta = SamplingMetadata.build(sampling, self._generators_for(sampling), self.vocab_size, self.device,
-                                      grammar_bitmasks)
+        failed = self._make_generators(sampling)
+        meta = SamplingMetadata.build(sampling, self.generators, self.vocab_size, self.device, grammar_bitmasks)
         out = self.sampler(logits, meta)
-        ids = [r.request_id for r in sampling]
+        failed.update({sampling[row].request_id: why for row, why in out.failed.items()})
         logprobs = {}
         if out.logprobs is not None:
             for row, request in enumerate(sampling):
                 k = request.sampling_params.logprobs
-                if k is not None:
+                if k is not None and request.request_id not in failed:
                     logprobs[request.request_id] = TokenLogprobs(
                         [out.logprob_token_ids[row, :k + 1].tolist()], [out.logprobs[row, :k + 1].tolist()],
                         [int(out.sampled_ranks[row])])
-        return ModelRunnerOutput(dict(zip(ids, out.token_ids.tolist())), logprobs, prompt_logprobs, forward_ms)
+        sampled = {r.request_id: t for r, t in zip(sampling, out.token_ids.tolist()) if r.request_id not in failed}
+        return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed)
 
-    def _generators_for(self, requests: list[WorkerRequest]) -> dict[str, torch.Generator]:
+    def _make_generators(self, requests: list[WorkerRequest]) -> dict[str, str]:
+        """Seeded requests' own generators, made on their first sample; a seed torch refuses fails its
+        request alone (id -> why)."""
+        failed = {}
         for request in requests:
             seed = request.sampling_params.seed
             if seed is not None and request.request_id not in self.generators:
-                self.generators[request.request_id] = torch.Generator(self.device).manual_seed(seed)
-        return self.generators
+                try:
+                    self.generators[request.request_id] = torch.Generator(self.device).manual_seed(seed)
+                except Exception as error:
+                    failed[request.request_id] = f"its seed {seed} is not usable: {error}"
+        return failed
 
     def _prompt_logprobs(self, batch: ModelInput, hidden: torch.Tensor) -> dict[str, TokenLogprobs]:
         """Logprob of each prompt token given the ones before it, for the prompt positions of this step."""

@@ -63,7 +63,7 @@ class PoolingModelRunner:
             start = time.perf_counter()
             pooled.update(self._run(part, scheduler_output.virtual_engine))
             forward_ms += (time.perf_counter() - start) * 1000
-        return ModelRunnerOutput({}, {}, {}, forward_ms, pooled)
+        return ModelRunnerOutput({}, {}, {}, forward_ms, pooler_outputs=pooled)
 
     def _run(self, scheduled: list[tuple[WorkerRequest, int]], virtual_engine: int) -> dict:
         """One forward pass over these requests' prompts; their pooled outputs as lists."""

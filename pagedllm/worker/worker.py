@@ -19,6 +19,7 @@ from pagedllm.pooling.config import is_encoder
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.pooling_runner import PoolingModelRunner, encoder_num_blocks
 from pagedllm.worker.profiler import WorkerProfiler
+from pagedllm.worker.sleep import OffloadedWeights, release_free_memory
 from pagedllm.worker.swap import SwapSpace
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ class Worker:
         parallel = config.parallel_config
         self.ranks = ParallelRanks.from_rank(rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
         self.parallel: ParallelContext = SINGLE_PROCESS
+        self.num_blocks = 0
+        # Sleep mode: what is asleep; level 1's saved weights (None at level 2: they reload from the files).
+        self.asleep: set[str] = set()
+        self.offloaded: OffloadedWeights | None = None
 
     def load_model(self) -> None:
         if self.ranks.world_size > 1:
@@ -81,6 +86,7 @@ class Worker:
 
     def initialize_cache(self, num_blocks: int) -> None:
         """`num_blocks` for each virtual engine (one per pipeline stage)."""
+        self.num_blocks = num_blocks
         self.model_runner.initialize_cache(num_blocks)
         if self.num_swap_blocks():
             self.swap_space = SwapSpace(self.model_runner.kv_caches[0], self.num_swap_blocks())
@@ -92,6 +98,36 @@ class Worker:
         if scheduler_output.blocks_to_swap_in:
             self.swap_space.swap_in(scheduler_output.blocks_to_swap_in)
         return self.model_runner.execute_model(scheduler_output)
+
+    def sleep(self, level: int) -> None:
+        """Release the KV cache and the weights: level 1 keeps a copy of the weights to restore from (a file,
+        so resident memory drops), level 2 keeps none."""
+        runner = self.model_runner
+        runner.release_cache()
+        self.swap_space = None
+        if level == 1:
+            self.offloaded = OffloadedWeights(runner.model)
+        else:
+            runner.model = None  # its memory goes with the last reference
+            release_free_memory()
+        self.asleep = {"weights", "kv_cache"}
+        logger.info("Asleep (level %d): weights and KV cache released.", level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Restore what `tags` names ("weights", "kv_cache"; all when None) of what is asleep."""
+        waking = self.asleep & set(tags or ("weights", "kv_cache"))
+        runner = self.model_runner
+        if "weights" in waking:
+            if self.offloaded is not None:
+                self.offloaded.restore()
+                self.offloaded = None
+            else:
+                runner.model = load_model(self.config.model_config, str(self.device), self.parallel)
+        if "kv_cache" in waking:
+            self.initialize_cache(self.num_blocks)
+        self.asleep -= waking
+        if waking and not self.asleep:
+            runner.reset_decode_graphs()  # the weights or the cache moved: recorded pointers are stale
 
     def start_profile(self) -> None:
         self.profiler.start()

@@ -168,3 +168,23 @@ def test_failure_in_the_loop_fails_requests_and_marks_engine_dead(tiny_model_dir
     results = asyncio.run(run())
     assert all(isinstance(r, AsyncEngineDeadError) and "worker lost" in str(r) for r in results)
     assert engine.errored and not engine.is_running
+
+
+@pytest.mark.slow
+def test_a_request_failing_in_its_batch_ends_its_stream_with_an_error_and_the_engine_goes_on(engine, loop):
+    from pagedllm.engine.async_engine import RequestFailedError
+
+    good = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    bad = SamplingParams(temperature=0, max_tokens=12, logits_processors=[lambda ids, logits: logits / 0 * 0])
+
+    async def run():
+        alone = await _collect(engine, "iso-alone", good)
+        results = await asyncio.gather(_collect(engine, "iso-good", good), _collect(engine, "iso-bad", bad),
+                                       return_exceptions=True)
+        after = await _collect(engine, "iso-after", good)
+        return alone, results, after
+
+    alone, (together, failed), after = loop.run_until_complete(run())
+    assert isinstance(failed, RequestFailedError) and "NaN" in str(failed)
+    assert together[-1].outputs[0].token_ids == alone[-1].outputs[0].token_ids == after[-1].outputs[0].token_ids
+    assert engine.is_running and not engine.errored

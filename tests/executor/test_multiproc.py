@@ -150,3 +150,22 @@ def test_a_killed_worker_errors_the_async_engine_and_its_requests(tiny_model_dir
 
     assert asyncio.run(run()) < 5
     assert engine.errored
+
+
+def test_a_request_failing_in_the_worker_process_fails_alone(llm, mp_llm):
+    """The worker's report of a failed request crosses the process boundary as plain data."""
+    def raises(output_ids, logits):
+        if output_ids:
+            raise ValueError("broken processor")
+        return logits
+
+    good = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    bad = SamplingParams(temperature=0, max_tokens=8, logits_processors=[raises])
+    expected = llm.generate(PROMPTS[:2], good, use_tqdm=False)
+    got = mp_llm.generate([PROMPTS[0], PROMPTS[2], PROMPTS[1]], [good, bad, good], use_tqdm=False)
+    failed = got[1].outputs[0]
+    assert failed.finish_reason == "error" and "ValueError: broken processor" in failed.stop_reason
+    assert len(failed.token_ids) == 1
+    assert [o.outputs[0].token_ids for o in (got[0], got[2])] == [o.outputs[0].token_ids for o in expected]
+    later = mp_llm.generate(PROMPTS[:1], good, use_tqdm=False)[0]
+    assert later.outputs[0].token_ids == expected[0].outputs[0].token_ids

@@ -19,11 +19,12 @@ from pagedllm.engine.multiprocessing.engine import run_engine
 from pagedllm.engine.multiprocessing.messages import (AbortRequests, AddRequest, Answer, Outputs, Query, Ready,
                                                       Rejected, Shutdown, StartupFailed)
 from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestStreams, stream_outputs
+from pagedllm.engine.sleep_mode import EngineSleepingError
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-_REJECTION_TYPES = {"ValueError": ValueError, "TypeError": TypeError}
+_REJECTION_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "EngineSleepingError": EngineSleepingError}
 SHUTDOWN_TIMEOUT_S = 10.0
 
 
@@ -87,6 +88,15 @@ class MQLLMEngineClient:
     async def metrics_text(self) -> bytes:
         """The engine process's Prometheus metrics, in the text format."""
         return await self._query("metrics")
+
+    async def sleep(self, level: int = 1) -> None:
+        await self._query("sleep", (level,))
+
+    async def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        await self._query("wake_up", (tags,))
+
+    async def is_sleeping(self) -> bool:
+        return await self._query("is_sleeping")
 
     async def get_tokenizer(self, lora_request: Any = None) -> Any:
         return self._ready.tokenizer
@@ -155,10 +165,10 @@ class MQLLMEngineClient:
             self._engine_died()
             raise self._dead_error from None
 
-    async def _query(self, what: str) -> Any:
+    async def _query(self, what: str, args: tuple = ()) -> Any:
         query_id = next(self._query_ids)
         future = self._answers[query_id] = self._loop.create_future()
-        self._send(Query(query_id, what))
+        self._send(Query(query_id, what, args))
         return await future
 
     # --- requests -----------------------------------------------------------------------------------------

@@ -97,6 +97,8 @@ class _EngineLoop:
                 from prometheus_client import generate_latest
 
                 return Answer(query.query_id, generate_latest())
+            if query.what in ("sleep", "wake_up", "is_sleeping"):
+                return Answer(query.query_id, getattr(self.engine, query.what)(*query.args))
             return Answer(query.query_id, error=f"Unknown query {query.what!r}.")
         except Exception as error:
             return Answer(query.query_id, error=f"{type(error).__name__}: {error}")

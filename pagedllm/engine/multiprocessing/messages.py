@@ -26,10 +26,12 @@ class AbortRequests:
 
 @dataclass
 class Query:
-    """Ask the engine process for a value between two steps: "health" or "metrics"."""
+    """Ask the engine process for a value, or to act, between two steps: "health", "metrics", "sleep",
+    "wake_up" or "is_sleeping", with the call's arguments."""
 
     query_id: int
     what: str
+    args: tuple = ()
 
 
 @dataclass

@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException
 
 from pagedllm import __version__
 from pagedllm.config import AsyncEngineArgs
-from pagedllm.engine.async_engine import AsyncEngineDeadError, AsyncLLMEngine
+from pagedllm.engine.async_engine import AsyncEngineDeadError, AsyncLLMEngine, RequestFailedError
+from pagedllm.engine.sleep_mode import EngineSleepingError
 from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected, error_response
 from pagedllm.entrypoints.openai.guard import GuardMiddleware
 from pagedllm.entrypoints.openai.limits import Admission, PromptLimit
@@ -77,6 +78,14 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(AsyncEngineDeadError)
     async def engine_dead(_: Request, error: AsyncEngineDeadError) -> Response:
         return error_response(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
+
+    @app.exception_handler(EngineSleepingError)
+    async def engine_sleeping(_: Request, error: EngineSleepingError) -> Response:
+        return error_response(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
+
+    @app.exception_handler(RequestFailedError)
+    async def request_failed(_: Request, error: RequestFailedError) -> Response:
+        return error_response(str(error), HTTPStatus.INTERNAL_SERVER_ERROR)  # the engine logged why
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, __: ClientDisconnected) -> Response:
@@ -153,6 +162,23 @@ def _add_routes(app: FastAPI) -> None:
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
+def _add_dev_routes(app: FastAPI) -> None:
+    """Sleep mode over HTTP, as vLLM offers it only with VLLM_SERVER_DEV_MODE=1 (not in the schema)."""
+    @app.post("/sleep", include_in_schema=False)
+    async def sleep(raw_request: Request) -> Response:
+        await raw_request.app.state.engine.sleep(int(raw_request.query_params.get("level", "1")))
+        return Response(status_code=200)
+
+    @app.post("/wake_up", include_in_schema=False)
+    async def wake_up(raw_request: Request) -> Response:
+        await raw_request.app.state.engine.wake_up(raw_request.query_params.getlist("tags") or None)
+        return Response(status_code=200)
+
+    @app.get("/is_sleeping", include_in_schema=False)
+    async def is_sleeping(raw_request: Request) -> Response:
+        return JSONResponse({"is_sleeping": await raw_request.app.state.engine.is_sleeping()})
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     # The engine stops here, inside uvicorn's shutdown: uvicorn re-raises SIGTERM once it returns, which
@@ -195,6 +221,8 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     _add_error_handlers(app)
     _add_routes(app)
     add_pooling_routes(app, _documented)
+    if (os.environ.get("VLLM_SERVER_DEV_MODE") or os.environ.get("PAGEDLLM_SERVER_DEV_MODE")) == "1":
+        _add_dev_routes(app)
     app.state.engine = engine
     app.state.draining = False
     app.state.model_path = (await engine.get_model_config()).path
