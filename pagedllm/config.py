@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from pagedllm.config_compat import CompatArgs, check_unsupported
+from pagedllm.pooling.config import (POOLING_TASKS, PoolerConfig, check_task_name, default_pooler_config,
+                                     is_encoder, resolve_task, sentence_transformers_max_length)
 from pagedllm.spec_decode.config import SpeculativeConfig, check_draft_vocabulary, parse_speculative_config
 
 logger = logging.getLogger(__name__)
@@ -36,8 +38,14 @@ class ModelConfig:
     generation_config: str
     quantization: Optional[str]
     enable_prompt_embeds: bool
-    task: str
+    task: str  # resolved: "generate" or one of the pooling tasks
     enforce_eager: bool  # no CPU graphs for decode steps (worker/cpu_graph.py)
+    pooler_config: Any = None  # a pooling model's PoolerConfig (pagedllm/pooling/config.py); None to generate
+
+    @property
+    def runner_type(self) -> str:
+        """"pooling" for embedding, classification, score and reward models, else "generate"."""
+        return "generate" if self.pooler_config is None else "pooling"
     enable_sleep_mode: bool = False  # sleep() / wake_up() may release and restore weights and KV cache
 
     @property
@@ -197,6 +205,7 @@ class EngineArgs(CompatArgs):
     lora_dtype: Optional[str] = "auto"
     speculative_config: Optional[dict] = None
     enable_sleep_mode: bool = False
+    override_pooler_config: Any = None  # a dict or PoolerConfig: pooling_type, normalize, softmax, step_tag_id
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -224,7 +233,16 @@ class EngineArgs(CompatArgs):
         from pagedllm.model.source import resolve_model_source
 
         check_unsupported(self)
-        source = resolve_model_source(self.model)
+        check_task_name(self.task)
+        source = resolve_model_source(self.model, self.task)
+        task = resolve_task(self.task, source.hf_config)
+        pooler_config = None
+        if task in POOLING_TASKS:
+            pooler_config = PoolerConfig.from_override(self.override_pooler_config).over(
+                default_pooler_config(task, source.hf_config, source.path if source.format == "hf" else None))
+            self._check_pooling_flags()
+        elif self.override_pooler_config:
+            raise ValueError(f"override_pooler_config is only read by pooling tasks, not task={task!r}.")
         _check_load_format(self.load_format, source.format)
         device = self.device
         if device == "auto":
@@ -232,7 +250,7 @@ class EngineArgs(CompatArgs):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}.")
         dtype = _resolve_dtype(self.dtype, device)
-        max_model_len = _resolve_max_model_len(self.max_model_len, source.hf_config)
+        max_model_len = _resolve_max_model_len(self.max_model_len, source.hf_config, source)
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
             raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}.")
         if self.quantization not in (None, "int8"):
@@ -245,7 +263,7 @@ class EngineArgs(CompatArgs):
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
             tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
             quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
-            task="generate" if self.task == "auto" else self.task, enforce_eager=self.enforce_eager,
+            task=task, enforce_eager=self.enforce_eager, pooler_config=pooler_config,
             enable_sleep_mode=self.enable_sleep_mode)
         block_size = self.block_size if self.block_size is not None else 16
         if block_size not in ALLOWED_BLOCK_SIZES:
@@ -272,7 +290,8 @@ class EngineArgs(CompatArgs):
             block_size=block_size, num_gpu_blocks_override=self.num_gpu_blocks_override,
             kv_cache_memory=self.kv_cache_memory if self.kv_cache_memory is not None else _default_kv_cache_memory(),
             gpu_memory_utilization=self.gpu_memory_utilization, swap_space=self.swap_space,
-            enable_prefix_caching=self.enable_prefix_caching is not False)
+            # A pooling request needs the hidden state of every prompt token: no prefix may be skipped.
+            enable_prefix_caching=self.enable_prefix_caching is not False and pooler_config is None)
         return EngineConfig(
             model_config=model_config, cache_config=cache_config,
             scheduler_config=self._scheduler_config(max_model_len, speculative),
@@ -297,6 +316,22 @@ class EngineArgs(CompatArgs):
         else:
             raise ValueError(f"lora_dtype must be 'auto', 'float32', 'float16' or 'bfloat16', got {self.lora_dtype!r}.")
         return LoRAConfig(self.max_loras, self.max_lora_rank, max_cpu_loras, lora_dtype)
+
+    def _check_pooling_flags(self) -> None:
+        """A pooling request runs its whole prompt in one pass: no chunks, no cached prefix."""
+        if self.enable_chunked_prefill:
+            raise ValueError("enable_chunked_prefill=True is not supported for pooling tasks: chunking is not "
+                             "allowed for an encoder, which runs the whole prompt at once.")
+        if self.preemption_mode == "swap":
+            raise ValueError("preemption_mode='swap' is not supported for pooling tasks: a pooling request "
+                             "finishes in the step it runs, so it is never preempted.")
+        if self.enable_prefix_caching:
+            raise ValueError("enable_prefix_caching=True is not supported for pooling tasks: every prompt token's "
+                             "hidden state is pooled, so none can come from the cache.")
+        if self.speculative_config:
+            raise ValueError("speculative_config is not supported for pooling tasks: they generate no tokens.")
+        if self.enable_lora:
+            raise ValueError("enable_lora=True is not supported for pooling tasks: adapters apply to generation.")
 
     def _scheduler_config(self, max_model_len: int, speculative: Optional[SpeculativeConfig] = None
                           ) -> SchedulerConfig:
@@ -340,6 +375,9 @@ class EngineArgs(CompatArgs):
                              "'uni', 'mp', 'ray' or a subclass of ExecutorBase.")
         verify_parallel_sizes(hf_config, self.tensor_parallel_size, self.pipeline_parallel_size)
         world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        if is_encoder(hf_config) and world_size > 1:
+            raise ValueError("An encoder model (BERT) runs on one worker: tensor_parallel_size and "
+                             "pipeline_parallel_size must be 1.")
         if backend == "uni" and world_size > 1:
             raise ValueError(f"distributed_executor_backend='uni' runs one worker, but tensor_parallel_size * "
                              f"pipeline_parallel_size is {world_size}; use 'mp' or 'ray'.")
@@ -383,8 +421,11 @@ def _resolve_dtype(dtype: str, device: str) -> Any:
     return names[dtype]
 
 
-def _resolve_max_model_len(requested: Optional[int], hf_config: Any) -> int:
+def _resolve_max_model_len(requested: Optional[int], hf_config: Any, source: Any) -> int:
+    """The model's context length, or a sentence-transformers folder's max_seq_length where it has one."""
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    if source.format == "hf":
+        limit = min(limit, sentence_transformers_max_length(source.path) or limit)
     if requested is None:
         return limit
     if requested < 1 or requested > limit:

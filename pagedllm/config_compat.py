@@ -82,7 +82,6 @@ class CompatArgs:
     show_hidden_metrics_for_version: Optional[str] = None
     scheduler_cls: str = "vllm.core.scheduler.Scheduler"
     override_neuron_config: dict[str, Any] = field(default_factory=dict)
-    override_pooler_config: Optional[dict[str, Any]] = None
     # vLLM's default is an empty CompilationConfig; an empty dict is the same request: nothing set.
     compilation_config: Any = field(default_factory=dict)
     worker_cls: str = "auto"
@@ -171,7 +170,6 @@ UNSUPPORTED: dict[str, str] = {
     "rope_scaling": "the model's config is used as it is",
     "rope_theta": "the model's config is used as it is",
     "hf_overrides": "the model's config is used as it is",
-    "task": "only text generation is implemented",
     "enable_lora_bias": "LoRA adapters update the q/k/v/o and gate/up/down projections without biases",
     "fully_sharded_loras": "LoRA weights split over tensor-parallel ranks as their base layers do",
     "lora_extra_vocab_size": "LoRA adapters do not extend the vocabulary",
@@ -190,7 +188,6 @@ UNSUPPORTED: dict[str, str] = {
     "logits_processor_pattern": "logits processors cannot be named by the server's requests",
     "collect_detailed_traces": "spans carry the request-level attributes only",
     "scheduler_cls": "the scheduler is pagedllm's own",
-    "override_pooler_config": "pooling models are not implemented",
     "worker_cls": "the worker is pagedllm's own",
     "worker_extension_cls": "workers cannot be extended",
     "kv_transfer_config": "KV cache transfer between instances is not implemented",
@@ -203,21 +200,14 @@ UNSUPPORTED: dict[str, str] = {
 
 # Values beyond vLLM's default that pagedllm implements for an otherwise unsupported field.
 SUPPORTED_VALUES: dict[str, tuple] = {
-    "task": ("generate",),
     "config_format": ("hf",),
     "load_format": ("gguf", "safetensors"),  # checked against the model's format once it is found
     "guided_decoding_backend": ("xgrammar",),
     "model_impl": ("vllm",),
 }
 
-# vLLM's `task` values; only "auto" and "generate" run here.
-TASKS = ("auto", "generate", "embedding", "embed", "classify", "score", "reward", "transcription")
-
-
 def check_unsupported(args: Any) -> None:
     """Raise a ValueError naming the first field of `args` set to a value pagedllm does not implement."""
-    if args.task not in TASKS:
-        raise ValueError(f"task {args.task!r} is not a valid task; valid tasks are: {', '.join(TASKS)}.")
     defaults = {f.name: _default(f) for f in dataclasses.fields(args)}
     for name, reason in UNSUPPORTED.items():
         value = getattr(args, name)

@@ -1,7 +1,8 @@
-"""What the engine returns: RequestOutput, CompletionOutput, Logprob, RequestMetrics."""
+"""What the engine returns: RequestOutput, CompletionOutput, Logprob, RequestMetrics, and pooling outputs
+(PoolingRequestOutput with its embedding, classification and scoring views)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 
@@ -96,13 +97,86 @@ class RequestOutput:
 
 @dataclass
 class PoolingOutput:
+    """A pooling request's result: `data`, a float32 torch tensor (an embedding [hidden], class
+    probabilities [classes], or one row per pooled token for ALL and STEP pooling)."""
+
     data: Any
 
 
-@dataclass
 class PoolingRequestOutput:
-    request_id: str
-    outputs: PoolingOutput
-    prompt_token_ids: list[int]
-    finished: bool
-    extra: dict = field(default_factory=dict)
+    """The one (final) output of a pooling request; `outputs` is a PoolingOutput or one of its typed views."""
+
+    def __init__(self, request_id: str, outputs: Any, prompt_token_ids: list[int], finished: bool,
+                 metrics: Optional[RequestMetrics] = None, **kwargs: Any) -> None:
+        self.request_id = request_id
+        self.outputs = outputs
+        self.prompt_token_ids = prompt_token_ids
+        self.finished = finished
+        self.metrics = metrics
+
+    @classmethod
+    def from_base(cls, output: "PoolingRequestOutput") -> "PoolingRequestOutput":
+        """The same output with its data in this class's typed view (e.g. `.outputs.embedding`)."""
+        view = _VIEWS[cls].from_base(output.outputs) if cls in _VIEWS else output.outputs
+        return cls(output.request_id, view, output.prompt_token_ids, output.finished, output.metrics)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
+                f"prompt_token_ids={self.prompt_token_ids}, finished={self.finished})")
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "EmbeddingOutput":
+        if output.data.ndim != 1:
+            raise ValueError("pooled_data should be a 1-D embedding vector")
+        return cls(output.data.tolist())
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "ClassificationOutput":
+        if output.data.ndim != 1:
+            raise ValueError("pooled_data should be a 1-D probability vector")
+        return cls(output.data.tolist())
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+    @classmethod
+    def from_base(cls, output: PoolingOutput) -> "ScoringOutput":
+        if output.data.ndim != 0 and output.data.numel() != 1:
+            raise ValueError("pooled_data should be a scalar score")
+        return cls(float(output.data.reshape(-1)[0]))
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """`outputs.embedding`: the request's embedding as a list of floats."""
+
+
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """`outputs.probs`: the request's class probabilities."""
+
+
+class ScoringRequestOutput(PoolingRequestOutput):
+    """`outputs.score`: the pair's score (cosine similarity of embeddings, or a cross-encoder's output)."""
+
+
+_VIEWS: dict[type, Any] = {EmbeddingRequestOutput: EmbeddingOutput, ClassificationRequestOutput: ClassificationOutput,
+                           ScoringRequestOutput: ScoringOutput}

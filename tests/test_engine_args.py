@@ -54,11 +54,14 @@ VLLM_FIELDS = {
     "use_tqdm_on_load": True, "pt_load_map_location": "cpu", "enable_multimodal_encoder_data_parallel": False,
 }
 
-# Fields pagedllm implements: a non-default value, and what it must change in the engine config.
+# Fields pagedllm implements: a non-default value, what it must change in the engine config, and the other
+# arguments it needs, if any.
 WORKS = {
     "served_model_name": ("smol", lambda c: c.model_config.served_model_name == "smol"),
     "tokenizer": ("__model__", lambda c: c.model_config.tokenizer.endswith(".gguf")),
-    "task": ("generate", lambda c: c.model_config.task == "generate"),
+    "task": ("embed", lambda c: c.model_config.task == "embed" and c.model_config.runner_type == "pooling"),
+    "override_pooler_config": ({"pooling_type": "MEAN"}, lambda c: c.model_config.pooler_config.pooling_type == "MEAN",
+                               {"task": "embed"}),
     "skip_tokenizer_init": (True, lambda c: c.model_config.skip_tokenizer_init),
     "load_format": ("gguf", lambda c: c.model_config.format == "gguf"),
     "config_format": ("hf", lambda c: c.model_config.hf_config is not None),
@@ -133,9 +136,9 @@ def test_every_vllm_field_is_implemented_inert_or_refused_and_only_one():
 
 @pytest.mark.parametrize("name", [n for n in VLLM_FIELDS if n != "model"])
 def test_a_non_default_value_works_or_raises_naming_the_field(name, default_model):
-    value, check = WORKS.get(name, (non_default(VLLM_FIELDS[name]), None))
+    value, check, *context = WORKS.get(name, (non_default(VLLM_FIELDS[name]), None))
     value = default_model if value == "__model__" else value
-    args = EngineArgs(**{name: value})
+    args = EngineArgs(**{name: value}, **(context[0] if context else {}))
     if name in WORKS:
         assert check(args.create_engine_config())
     elif name in INERT:
@@ -159,7 +162,6 @@ def test_an_unknown_task_lists_the_valid_ones():
 
 @pytest.mark.parametrize("name, value, reason", [
     ("fully_sharded_loras", True, "LoRA weights split over tensor-parallel ranks as their base layers do"),
-    ("task", "embed", "only text generation"),
     ("num_scheduler_steps", 4, "multi-step"),
     ("load_format", "safetensors", "for this model"),
 ])

@@ -1,7 +1,7 @@
 """What comes back from the workers each step: plain data, no tensors."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Optional
 
 
 class TokenLogprobs(NamedTuple):
@@ -23,4 +23,6 @@ class ModelRunnerOutput(NamedTuple):
     # Requests that failed on their own this step (their seed, logits processor, non-finite logits): id -> why.
     # They have no sampled token; the engine finishes them with an error and the batch goes on.
     failed: dict[str, str] = {}
+    # Pooling models: request id -> its pooled output as (nested) lists of floats; None from generating models.
+    pooler_outputs: Optional[dict[str, Any]] = None
 

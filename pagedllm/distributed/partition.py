@@ -76,7 +76,8 @@ def verify_parallel_sizes(hf_config: Any, tensor_parallel_size: int, pipeline_pa
         if size < 1:
             raise ValueError(f"{name} must be at least 1, got {size}.")
     tp = tensor_parallel_size
-    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads  # an encoder has no KV heads of its own
     if heads % tp:
         raise ValueError(f"Total number of attention heads ({heads}) must be divisible by tensor parallel size "
                          f"({tp}).")

@@ -242,6 +242,12 @@ class AsyncLLMEngine:
         finally:
             self._streams.close(request_id)
 
+    async def encode(self, prompt: Any, pooling_params: Any, request_id: str, lora_request: Any = None,
+                     trace_headers: Optional[Mapping[str, str]] = None, priority: int = 0) -> AsyncGenerator[Any, None]:
+        """Yield a pooling request's one output (`PoolingRequestOutput`); the engine must run a pooling task."""
+        async for output in self.generate(prompt, pooling_params, request_id, lora_request, trace_headers, priority):
+            yield output
+
     def _abort_soon(self, request_id: str) -> None:
         """Abort from a context that cannot wait (a cancelled consumer)."""
         self._submit(_Abort([request_id]))

@@ -1,4 +1,4 @@
-"""LLM: offline batched inference over an LLMEngine, with a progress bar."""
+"""LLM: offline batched inference over an LLMEngine, with a progress bar (pooling calls: llm_pooling.py)."""
 from __future__ import annotations
 
 import functools
@@ -9,6 +9,7 @@ from pagedllm.config import EngineArgs
 from pagedllm.engine.beam_search import BeamSearchOutput, beam_search
 from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.llm_pooling import PoolingMixin
 from pagedllm.engine.llm_requests import (GuidedDecodingRequest, final_only_params, guided_options, legacy_prompts,
                                           per_prompt)
 from pagedllm.inputs import PromptType, parse_prompt
@@ -20,7 +21,7 @@ ChatMessages = list[dict[str, Any]]
 _R = TypeVar("_R")
 
 
-class LLM:
+class LLM(PoolingMixin):
     """`LLM(model, **engine_args)`: the same keyword arguments as EngineArgs; stats logging off by default."""
 
     def __init__(self, model: Optional[str] = None, **kwargs: Any) -> None:
@@ -120,8 +121,8 @@ class LLM:
         decode = tokenizer.decode if tokenizer is not None else None
         return beam_search(token_lists, params, expand, eos_ids, decode)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: Union[bool, Callable[..., Any]]) -> list[RequestOutput]:
-        finished: dict[str, RequestOutput] = {}
+    def _run_engine(self, request_ids: list[str], use_tqdm: Union[bool, Callable[..., Any]]) -> list[Any]:
+        finished: dict[str, Any] = {}
         bar = _progress_bar(len(request_ids), use_tqdm) if use_tqdm else None
         prompt_tokens = output_tokens = 0
         while self.llm_engine.has_unfinished_requests():
@@ -131,7 +132,8 @@ class LLM:
                 finished[output.request_id] = output
                 if bar is not None:
                     prompt_tokens += len(output.prompt_token_ids or [])
-                    output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                    if isinstance(output, RequestOutput):
+                        output_tokens += sum(len(c.token_ids) for c in output.outputs)
                     elapsed = bar.format_dict["elapsed"] or 1e-9
                     bar.postfix = (f"est. speed input: {prompt_tokens / elapsed:.2f} toks/s, "
                                    f"output: {output_tokens / elapsed:.2f} toks/s")

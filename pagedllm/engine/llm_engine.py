@@ -14,6 +14,7 @@ from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
+from pagedllm.engine.pooling import check_params_kind, pooling_output, prepare_pooling_params
 from pagedllm.engine.request_state import RequestState
 from pagedllm.engine.sleep_mode import SleepModeMixin
 from pagedllm.executor import ExecutorBase
@@ -23,7 +24,8 @@ from pagedllm.metrics.collector import StatsCollector
 from pagedllm.metrics.loggers import StatLoggerBase
 from pagedllm.metrics.setup import default_stat_loggers, request_tracer
 from pagedllm.metrics.tracing import warn_tracing_disabled
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sample.guided_decoding import GrammarManager, accept_token
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer import get_generation_config, get_tokenizer
@@ -109,7 +111,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
 
     # --- requests -----------------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+    def add_request(self, request_id: str, prompt: PromptType, params: Union[SamplingParams, PoolingParams],
                     arrival_time: Optional[float] = None, lora_request: Any = None,
                     tokenization_kwargs: Optional[dict[str, Any]] = None,
                     trace_headers: Optional[Mapping[str, str]] = None, priority: int = 0) -> None:
@@ -119,27 +121,33 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         self._check_awake()
         if request_id in self.requests or request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}.")
+        check_params_kind(params, self.model_config)
         if lora_request is not None:
             self.check_lora_request(lora_request)
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
         text, token_ids, embeds = self._prompt_token_ids(prompt, tokenization_kwargs)
-        params = self._prepare_params(params, token_ids)
-        if embeds is not None:
-            embeds = self._embeds_params(embeds, params, len(token_ids))
+        if isinstance(params, PoolingParams):
+            if embeds is not None:
+                raise ValueError("Prompt embeddings are not supported by pooling requests; pass text or token ids.")
+            params = prepare_pooling_params(params, token_ids, self.model_config,
+                                            self.config.scheduler_config.max_num_batched_tokens)
+        else:
+            params = self._prepare_params(params, token_ids)
+            if embeds is not None:
+                embeds = self._embeds_params(embeds, params, len(token_ids))
         if trace_headers and self.tracer is None:
             warn_tracing_disabled()
-        if params.guided_decoding is not None:
+        if getattr(params, "guided_decoding", None) is not None:
             self.grammars.compile(params.guided_decoding)  # an invalid schema fails here, before queueing
-        parent = ParentRequest(request_id, params) if ParentRequest.needed(params) else None
+        parent = (ParentRequest(request_id, params)
+                  if isinstance(params, SamplingParams) and ParentRequest.needed(params) else None)
         children = parent.children() if parent is not None else [(0, request_id, params)]
         for index, child_id, child_params in children:
             request = Request(child_id, list(token_ids), child_params, arrival_time or time.time(),
                               self.eos_token_id, priority, lora_request, prompt_embeds=embeds,
                               trace_headers=trace_headers if self.tracer else None)
-            guided = child_params.guided_decoding
+            guided = getattr(child_params, "guided_decoding", None)
             virtual_engine = min(range(len(self.schedulers)),
                                  key=lambda ve: self.schedulers[ve].get_num_unfinished_requests())
             self.requests[child_id] = RequestState(
@@ -277,7 +285,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
 
     # --- the step -----------------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[Union[RequestOutput, PoolingRequestOutput]]:
         """Schedule, execute, update: the outputs of this iteration. Every virtual engine's step is started
         before any is waited for, so that pipeline stages work on different batches at once."""
         outputs, started = [], []
@@ -314,6 +322,8 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         """Take a step's sampled tokens: advance the requests, advance their grammars, make their outputs,
         finish the ones that stopped. A request that failed on its own (here or in the workers) takes no
         token and finishes with an error; the others go on."""
+        if result.pooler_outputs is not None:
+            return self._update_pooled(scheduler_output, scheduled, result, execute_time)
         failed = {**failed, **result.failed}
         if failed:
             result = result._replace(
@@ -338,6 +348,16 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         for status in set(finished.values()):
             self._finish_requests([rid for rid, s in finished.items() if s == status], status)
         return step_outputs
+
+    def _update_pooled(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState],
+                       result: ModelRunnerOutput, execute_time: float) -> list[PoolingRequestOutput]:
+        """Pooling requests finish in the step that ran them, each with its one output."""
+        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, {})
+        done = [state for state in scheduled if state.request_id in result.pooler_outputs]
+        self.stats.on_pooled([(s.request, s.metrics) for s in done], execute_time, result.model_forward_time)
+        outputs = [pooling_output(state, result.pooler_outputs[state.request_id]) for state in done]
+        self._finish_requests([state.request_id for state in done], RequestStatus.FINISHED_STOPPED)
+        return outputs
 
     def _finish_ignored(self, states: list[RequestState]) -> list[RequestOutput]:
         outputs = [output for state in states

@@ -7,6 +7,7 @@ from pagedllm.core.request import Request
 from pagedllm.engine.detokenizer import IncrementalDetokenizer
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.outputs import Logprob, RequestMetrics
+from pagedllm.sampling_params import SamplingParams
 
 
 class RequestState:
@@ -16,7 +17,8 @@ class RequestState:
     def __init__(self, request: Request, prompt: Optional[str], tokenizer: Any,
                  parent: Optional[tuple[ParentRequest, int]] = None, grammar: Any = None,
                  virtual_engine: int = 0) -> None:
-        params = request.sampling_params
+        params = request.sampling_params  # PoolingParams for a pooling request: no text, no logprobs
+        pooling = not isinstance(params, SamplingParams)
         self.request = request
         self.prompt = prompt
         self.parent = parent  # (the n > 1 request this one is a sample of, its index)
@@ -24,11 +26,13 @@ class RequestState:
         self.virtual_engine = virtual_engine  # whose scheduler (and KV cache) it runs in
         self.detokenizer = (IncrementalDetokenizer(tokenizer, request.prompt_token_ids, params.skip_special_tokens,
                                                    params.spaces_between_special_tokens)
-                            if tokenizer is not None and params.detokenize else None)
+                            if tokenizer is not None and not pooling and params.detokenize else None)
         self.text = ""
-        self.logprobs: Optional[list[dict[int, Logprob]]] = [] if params.logprobs is not None else None
-        self.cumulative_logprob: Optional[float] = 0.0 if params.logprobs is not None else None
-        self.prompt_logprobs: Optional[list] = [None] if params.prompt_logprobs is not None else None
+        logprobs = None if pooling else params.logprobs
+        self.logprobs: Optional[list[dict[int, Logprob]]] = [] if logprobs is not None else None
+        self.cumulative_logprob: Optional[float] = 0.0 if logprobs is not None else None
+        self.prompt_logprobs: Optional[list] = ([None] if not pooling and params.prompt_logprobs is not None
+                                                else None)
         self.metrics = RequestMetrics(arrival_time=request.arrival_time, last_token_time=request.arrival_time)
         self.sent_tokens = 0  # for DELTA outputs
         self.sent_text = 0

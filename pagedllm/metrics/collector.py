@@ -81,6 +81,17 @@ class StatsCollector:
             for i in range(num_accepted + 1):
                 counts[i] += 1
 
+    def on_pooled(self, scheduled: Iterable[Tracked], execute_time: float, forward_time_ms: float) -> None:
+        """Record a pooling step: each request finishes in its one pass, whose end stands for its first and
+        last token; its prompt tokens count as a prefill's do."""
+        now = time.time()
+        for request, metrics in scheduled:
+            metrics.model_execute_time = (metrics.model_execute_time or 0.0) + execute_time
+            metrics.model_forward_time = (metrics.model_forward_time or 0.0) + forward_time_ms
+            metrics.first_token_time = metrics.last_token_time = metrics.finished_time = now
+            if self.collect:
+                self._stats.num_prompt_tokens_iter += request.num_prompt_tokens
+
     def on_finished(self, request: Request, metrics: RequestMetrics) -> None:
         """Record a request that finished (stopped, capped or never fit); aborted ones are not counted."""
         if self.collect:
@@ -102,8 +113,9 @@ class StatsCollector:
         stats.num_prompt_tokens_requests.append(request.num_prompt_tokens)
         stats.num_generation_tokens_requests.append(request.num_output_tokens)
         stats.max_num_generation_tokens_requests.append(request.num_output_tokens)
-        stats.n_requests.append(params.n)
-        stats.max_tokens_requests.append(params.max_tokens)
+        stats.n_requests.append(getattr(params, "n", 1))  # a pooling request is one sequence without max_tokens
+        if getattr(params, "max_tokens", None) is not None:
+            stats.max_tokens_requests.append(params.max_tokens)
         stats.finished_reason_requests.append(request.status.finish_reason)
 
     def make_stats(self) -> Stats:

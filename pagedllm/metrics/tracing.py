@@ -93,16 +93,16 @@ class RequestTracer:
         attributes: dict[str, Any] = {
             SpanAttributes.GEN_AI_RESPONSE_MODEL: self.model,
             SpanAttributes.GEN_AI_REQUEST_ID: request.request_id,
-            SpanAttributes.GEN_AI_REQUEST_TEMPERATURE: params.temperature,
-            SpanAttributes.GEN_AI_REQUEST_TOP_P: params.top_p,
-            SpanAttributes.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens,
-            SpanAttributes.GEN_AI_REQUEST_N: params.n,
+            SpanAttributes.GEN_AI_REQUEST_N: getattr(params, "n", 1),  # a pooling request is one sequence
             SpanAttributes.GEN_AI_USAGE_NUM_SEQUENCES: 1,
             SpanAttributes.GEN_AI_USAGE_PROMPT_TOKENS: request.num_prompt_tokens,
             SpanAttributes.GEN_AI_USAGE_COMPLETION_TOKENS: request.num_output_tokens,
             SpanAttributes.GEN_AI_LATENCY_E2E: metrics.finished_time - metrics.arrival_time,
         }
-        optional = {
+        optional = {  # sampling settings are absent from pooling requests
+            SpanAttributes.GEN_AI_REQUEST_TEMPERATURE: getattr(params, "temperature", None),
+            SpanAttributes.GEN_AI_REQUEST_TOP_P: getattr(params, "top_p", None),
+            SpanAttributes.GEN_AI_REQUEST_MAX_TOKENS: getattr(params, "max_tokens", None),
             SpanAttributes.GEN_AI_LATENCY_TIME_IN_QUEUE: metrics.time_in_queue,
             SpanAttributes.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN:
                 None if metrics.first_token_time is None else metrics.first_token_time - metrics.arrival_time,

@@ -11,11 +11,13 @@ from torch import nn
 
 from pagedllm.config import ModelConfig
 from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
+from pagedllm.model.bert import BertModel
 from pagedllm.model.cpu_kernels import BF16_FLAGS, cpu_bf16_flags
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.linear_backend import choose_backends
 from pagedllm.model.linear_timing import pack
 from pagedllm.model.llama import LlamaForCausalLM
+from pagedllm.pooling.config import is_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +49,16 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
     pipeline parallelism (`parallel` from pagedllm.distributed.init_distributed), this worker's shard of it."""
     hf_config = model_config.hf_config
     archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
+    if is_encoder(hf_config):
+        encoder = BertModel(hf_config)
+        encoder.load_weights(iter_weights(model_config))
+        encoder = encoder.to(device=device, dtype=model_config.dtype).eval()
+        if device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            encoder.pack_for_cpu()
+        return encoder
     if not archs & _DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {sorted(archs)} is not supported; supported: "
-                         f"{sorted(_DECODER_ARCHITECTURES)}.")
+                         f"{sorted(_DECODER_ARCHITECTURES | {'BertModel'})}.")
     model = LlamaForCausalLM(hf_config, parallel)
     model.load_weights(iter_weights(model_config))
     model = model.to(device=device, dtype=model_config.dtype).eval()

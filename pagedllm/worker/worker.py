@@ -16,7 +16,9 @@ from pagedllm.distributed.process_groups import destroy_distributed, init_distri
 from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.lora.request import LoRARequest
 from pagedllm.model.loader import load_model
+from pagedllm.pooling.config import is_encoder
 from pagedllm.worker.model_runner import ModelRunner
+from pagedllm.worker.pooling_runner import PoolingModelRunner, encoder_num_blocks
 from pagedllm.worker.profiler import WorkerProfiler
 from pagedllm.worker.sleep import OffloadedWeights, release_free_memory
 from pagedllm.worker.swap import SwapSpace
@@ -32,7 +34,7 @@ class Worker:
         self.rank = rank
         self.distributed_init_method = distributed_init_method
         self.device = torch.device(config.device_config.device)
-        self.model_runner: ModelRunner | None = None
+        self.model_runner: ModelRunner | PoolingModelRunner | None = None
         self.swap_space: SwapSpace | None = None
         self.profiler = WorkerProfiler(rank, self.device)
         parallel = config.parallel_config
@@ -50,7 +52,8 @@ class Worker:
             self.parallel = init_distributed(self.ranks, self.distributed_init_method, self.device)
         torch.manual_seed(self.config.model_config.seed)
         model = load_model(self.config.model_config, str(self.device), self.parallel)
-        self.model_runner = ModelRunner(self.config, model, self.device, self.ranks)
+        runner = PoolingModelRunner if self.config.model_config.runner_type == "pooling" else ModelRunner
+        self.model_runner = runner(self.config, model, self.device, self.ranks)
         if self.config.speculative_config is not None and self.ranks.is_output_rank:
             # Proposals need only token ids: the rank that samples proposes, with a whole draft model of its own.
             from pagedllm.spec_decode.proposer import build_proposer
@@ -67,6 +70,8 @@ class Worker:
         cache = self.config.cache_config
         if cache.num_gpu_blocks_override is not None:
             return cache.num_gpu_blocks_override
+        if is_encoder(self.config.model_config.hf_config):  # no KV cache to size
+            return encoder_num_blocks(self.config)
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - total * (1 - cache.gpu_memory_utilization)

@@ -31,10 +31,12 @@ from pagedllm.entrypoints.openai.protocol import (ChatCompletionRequest, ChatCom
                                                   CompletionResponse, DetokenizeRequest, DetokenizeResponse,
                                                   ErrorResponse, ModelCard, ModelList, TokenizeRequest,
                                                   TokenizeResponse)
+from pagedllm.entrypoints.openai.pooling_routes import add_pooling_routes
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_engine import ServingContext
 from pagedllm.entrypoints.openai.serving_lora import LoRAModules, add_lora_routes
+from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 
 logger = logging.getLogger(__name__)
@@ -135,11 +137,13 @@ def _add_routes(app: FastAPI) -> None:
 
     @app.post("/v1/completions", responses=_documented(CompletionResponse, streamed=True))
     async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        raw_request.app.state.pooling.refuse_generation("Completions")
         return await _unless_cut_off(raw_request, raw_request.app.state.completion.create_completion(
             request, raw_request))
 
     @app.post("/v1/chat/completions", responses=_documented(ChatCompletionResponse, streamed=True))
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        raw_request.app.state.pooling.refuse_generation("Chat Completions")
         return await _unless_cut_off(raw_request, raw_request.app.state.chat.create_chat_completion(
             request, raw_request))
 
@@ -220,6 +224,7 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     _add_error_handlers(app)
     _add_routes(app)
     add_lora_routes(app)
+    add_pooling_routes(app, _documented)
     if (os.environ.get("VLLM_SERVER_DEV_MODE") or os.environ.get("PAGEDLLM_SERVER_DEV_MODE")) == "1":
         _add_dev_routes(app)
     app.state.engine = engine
@@ -230,6 +235,7 @@ async def build_app(engine: Any, args: argparse.Namespace) -> FastAPI:
     app.state.completion = OpenAIServingCompletion(context)
     app.state.chat = OpenAIServingChat(context)
     app.state.tokenization = OpenAIServingTokenization(context)
+    app.state.pooling = OpenAIServingPooling(context, await engine.get_model_config())
     return app
 
 

@@ -1,0 +1,1 @@
+"""Pooling models: tasks, pooler settings and sentence-transformers folders (no torch here)."""

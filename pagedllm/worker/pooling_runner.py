@@ -1,0 +1,87 @@
+"""One step of a pooling model on one worker: every scheduled request runs its whole prompt, and its hidden
+states are pooled into its output; nothing is sampled.
+
+A decoder (the Llama family) runs over the paged KV cache as for generation, its blocks held only for the
+step; an encoder (BERT) keeps no KV cache at all, so the scheduler's blocks for it are bookkeeping only.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from pagedllm.config import EngineConfig
+from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.scheduler_output import SchedulerOutput
+from pagedllm.distributed.partition import local_kv_cache_shape
+from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.model.attention import allocate_kv_cache
+from pagedllm.model.pooler import pool_rows, postprocess
+from pagedllm.pooling.config import is_encoder
+from pagedllm.worker.batch import build_model_input
+from pagedllm.worker.input_state import InputState, WorkerRequest
+from pagedllm.worker.model_runner import CPU_TOKENS_PER_FORWARD, _split
+
+
+def encoder_num_blocks(config: EngineConfig) -> int:
+    """Blocks for the scheduler's bookkeeping of an encoder's requests: twice what one step can hold."""
+    scheduler = config.scheduler_config
+    return 2 * (scheduler.max_num_batched_tokens // config.cache_config.block_size + scheduler.max_num_seqs)
+
+
+class PoolingModelRunner:
+    def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device,
+                 ranks: ParallelRanks = ParallelRanks()) -> None:
+        self.config = config
+        self.model = model
+        self.device = device
+        self.ranks = ranks
+        self.block_size = config.cache_config.block_size
+        self.pooler_config = config.model_config.pooler_config
+        self.encoder = is_encoder(config.model_config.hf_config)
+        self.kv_caches: list = []
+        self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
+        self.input_state = InputState()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        if self.encoder:
+            return
+        model_config = self.config.model_config
+        shape = local_kv_cache_shape(model_config.hf_config, self.ranks)
+        self.kv_caches = [[allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
+                                             model_config.dtype, self.device)
+                           for _ in range(shape.num_layers)]
+                          for _ in range(self.ranks.pp_size)]
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        scheduled = self.input_state.update(scheduler_output)
+        pooled: dict = {}
+        forward_ms = 0.0
+        for part in _split(scheduled, self.tokens_per_forward):
+            start = time.perf_counter()
+            pooled.update(self._run(part, scheduler_output.virtual_engine))
+            forward_ms += (time.perf_counter() - start) * 1000
+        return ModelRunnerOutput({}, {}, {}, forward_ms, pooler_outputs=pooled)
+
+    def _run(self, scheduled: list[tuple[WorkerRequest, int]], virtual_engine: int) -> dict:
+        """One forward pass over these requests' prompts; their pooled outputs as lists."""
+        for request, n in scheduled:
+            if request.num_computed_tokens != 0 or n != request.num_tokens:
+                raise RuntimeError(f"Pooling request {request.request_id} must run its whole prompt in one step.")
+        batch = build_model_input(scheduled, self.block_size, self.device)
+        if self.encoder:
+            hidden = self.model(batch.input_ids, batch.positions, batch.num_new_tokens)
+        else:
+            hidden = self.model.forward_stage(batch.input_ids, batch.positions, self.kv_caches[virtual_engine],
+                                              batch.attn_metadata)
+        if hidden is None:  # a pipeline stage before the last
+            return {}
+        config = self.pooler_config
+        outputs = {}
+        for request, start, n in zip(batch.requests, batch.query_starts, batch.num_new_tokens):
+            params = request.sampling_params  # the request's PoolingParams, its task set by the engine
+            rows = pool_rows(hidden, start, n, request.prompt_token_ids, config.pooling_type, config.step_tag_id)
+            outputs[request.request_id] = postprocess(rows, params.task, params, config).tolist()
+        return outputs
