@@ -31,6 +31,8 @@ def encoder_num_blocks(config: EngineConfig) -> int:
 
 
 class PoolingModelRunner:
+    proposer = None  # pooling requests generate nothing, so nothing is proposed (no draft cache to size)
+
     def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device,
                  ranks: ParallelRanks = ParallelRanks()) -> None:
         self.config = config
