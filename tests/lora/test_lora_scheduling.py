@@ -46,7 +46,7 @@ def test_prefix_cache_hits_only_for_the_same_adapter():
     scheduler = make_scheduler(max_loras=2, caching=True)
     prompt = list(range(1, 14))  # three full blocks of 4
     first = add(scheduler, "a", 1, prompt)
-    scheduler.update_from_output(scheduler.schedule(), {"a": 7})
+    scheduler.update_from_output(scheduler.schedule(), {"a": [7]})
     other = add(scheduler, "b", 2, prompt)
     same = add(scheduler, "c", 1, prompt)
     base = add(scheduler, "d", None, prompt)

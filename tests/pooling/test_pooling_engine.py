@@ -69,7 +69,6 @@ def test_pooling_requests_are_traced(otlp_collector):
     assert "gen_ai.request.temperature" not in span.attributes
 
 
-@pytest.mark.skip(reason="hangs since the merge of main's AsyncLLMEngine changes; to be investigated")
 def test_async_engine_encode_yields_one_final_output():
     import asyncio
 
