@@ -53,3 +53,15 @@ def test_prefix_cache_hits_only_for_the_same_adapter():
     scheduler.schedule()
     assert first.num_computed_tokens == 13
     assert (other.num_cached_tokens, same.num_cached_tokens, base.num_cached_tokens) == (0, 12, 0)
+
+
+def test_lora_requests_info_names_running_and_waiting_adapters():
+    from pagedllm.metrics.collector import StatsCollector
+
+    scheduler = make_scheduler(max_loras=1)
+    for name, lora_id in [("a", 1), ("b", 2), ("c", None), ("d", 1), ("e", 3)]:
+        add(scheduler, name, lora_id)
+    scheduler.schedule()
+    stats = StatsCollector([scheduler], collect=True, max_lora=1).make_stats()
+    assert (stats.running_lora_adapters, stats.waiting_lora_adapters, stats.max_lora) == (
+        ["lora1"], ["lora2", "lora3"], "1")
