@@ -136,9 +136,9 @@ class DecodeGraphs:
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
         """The batch's final hidden states from its graph, or None where it has none: prefill tokens, a
-        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, or a model whose forward
+        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, prompt embeddings, or a model whose forward
         pass cannot be recorded."""
-        size = graph_rows(batch.attn_metadata, MAX_GRAPH_BATCH, self.max_blocks)
+        size = graph_rows(batch, MAX_GRAPH_BATCH, self.max_blocks)
         if self.run_plan is None or size is None:
             return None
         graph = self.graphs.get(size)

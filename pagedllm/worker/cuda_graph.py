@@ -110,7 +110,7 @@ class CudaDecodeGraphs:
         """The batch's final hidden states [B, hidden] (a view the next replay overwrites), or None where no
         graph takes it: prefill tokens, more rows than the largest size, block tables wider than
         max_model_len needs."""
-        rows = graph_rows(batch.attn_metadata, self.sizes[-1], self.max_blocks)
+        rows = graph_rows(batch, self.sizes[-1], self.max_blocks)
         if rows is None:
             return None
         size = padded_size(rows, self.sizes)

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from pagedllm.model.attention import AttentionMetadata
+from pagedllm.worker.batch import ModelInput
 
 # vLLM's default capture list for `cuda_graph_sizes=[N]`: 1, 2, 4, then every multiple of 8 up to N.
 _SMALL_SIZES = (1, 2, 4)
@@ -46,11 +46,13 @@ def padded_size(num_rows: int, sizes: list[int]) -> Optional[int]:
     return sizes[index] if index < len(sizes) else None
 
 
-def graph_rows(meta: AttentionMetadata, max_rows: int, max_blocks: int) -> Optional[int]:
+def graph_rows(batch: ModelInput, max_rows: int, max_blocks: int) -> Optional[int]:
     """The step's number of decode rows if a decode graph can run it: decode rows only (a verification row
-    counts as one), at most `max_rows` of them, and block tables no wider than the graph's (`max_blocks`);
-    else None."""
+    counts as one), at most `max_rows` of them, block tables no wider than the graph's (`max_blocks`), and no
+    prompt position given as an embedding (a graph embeds token ids); else None."""
+    meta = batch.attn_metadata
     rows = meta.num_decodes
-    if meta.num_prefill_tokens or not 0 < rows <= max_rows or meta.decode_block_tables.shape[1] > max_blocks:
+    if (meta.num_prefill_tokens or not 0 < rows <= max_rows or meta.decode_block_tables.shape[1] > max_blocks
+            or batch.prompt_embeds is not None):
         return None
     return rows

@@ -83,7 +83,7 @@ def test_padded_decode_rows_give_the_unpadded_rows_and_write_only_the_padding_bl
     inputs = DecodeInputs(8, max_blocks=4, block_size=block, padding_block=padding_block, device=CPU)
     inputs.slot_mapping.copy_(torch.arange(8) * block)  # a larger earlier step's slots: blocks 0-7
     inputs.block_tables.fill_(0)
-    assert graph_rows(decode.attn_metadata, max_rows=8, max_blocks=4) == 3
+    assert graph_rows(decode, max_rows=8, max_blocks=4) == 3
     inputs.fill(decode, 8)
     hidden = inputs.forward(model, caches, 8)
     assert torch.equal(hidden[:3], expected)
@@ -96,8 +96,13 @@ def test_padded_decode_rows_give_the_unpadded_rows_and_write_only_the_padding_bl
 def test_graphs_take_decode_steps_within_their_sizes_only():
     block = 4
     decodes = build_model_input([(_request(str(i), 9, 8, [0, 1, 2]), 1) for i in range(3)], block, CPU)
-    assert graph_rows(decodes.attn_metadata, max_rows=4, max_blocks=3) == 3
-    assert graph_rows(decodes.attn_metadata, max_rows=2, max_blocks=3) is None  # more rows than the largest size
-    assert graph_rows(decodes.attn_metadata, max_rows=4, max_blocks=2) is None  # tables wider than the graph's
+    assert graph_rows(decodes, max_rows=4, max_blocks=3) == 3
+    assert graph_rows(decodes, max_rows=2, max_blocks=3) is None  # more rows than the largest size
+    assert graph_rows(decodes, max_rows=4, max_blocks=2) is None  # tables wider than the graph's
     mixed = build_model_input([(_request("a", 9, 8, [0, 1, 2]), 1), (_request("b", 5, 0, [3, 4]), 5)], block, CPU)
-    assert graph_rows(mixed.attn_metadata, max_rows=4, max_blocks=3) is None  # prefill tokens
+    assert graph_rows(mixed, max_rows=4, max_blocks=3) is None  # prefill tokens
+    last_prompt_token = _request("c", 9, 8, [0, 1, 2])
+    last_prompt_token.prompt_embeds = torch.zeros(9, 16)
+    embedded = build_model_input([(last_prompt_token, 1)], block, CPU)
+    assert embedded.attn_metadata.num_decodes == 1 and embedded.prompt_embeds is not None
+    assert graph_rows(embedded, max_rows=4, max_blocks=3) is None  # an embedding, which graphs cannot take
