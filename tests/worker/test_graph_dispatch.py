@@ -64,7 +64,7 @@ def test_padded_decode_rows_give_the_unpadded_rows_and_write_only_the_padding_bl
     eight rows left its slots in the buffers, give the eager step's hidden states and cache, and the padding
     rows write nowhere but the padding block."""
     block, padding_block = 16, 31
-    llm = LLM(tiny_model_dir, enforce_eager=True, num_gpu_blocks_override=32, block_size=block)
+    llm = LLM(tiny_model_dir, device="cpu", enforce_eager=True, num_gpu_blocks_override=32, block_size=block)
     runner = llm.llm_engine.model_executor.worker.model_runner
     model, caches = runner.model, runner.kv_caches[0]
     lengths = [5, 20, 40]
