@@ -87,8 +87,9 @@ class CudaDecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
+    @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every size, largest first, into one memory pool."""
+        """Capture every size, largest first, into one memory pool (in inference mode, as steps run)."""
         pool = None
         torch.cuda.synchronize()
         for size in reversed(self.sizes):

@@ -112,3 +112,31 @@ def test_bfloat16_kernel_stays_close_to_float32():
     half = triton_attention.paged_attention_triton(q.bfloat16(), tuple(c.bfloat16() for c in cache), meta,
                                                    DIM ** -0.5)
     torch.testing.assert_close(half.float(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="on CUDA the engine runs the kernel anyway (tests/gpu/)")
+def test_the_model_gives_the_same_output_with_the_kernel_as_with_the_c_kernel(default_model, monkeypatch):
+    """The default model on CPU with its attention swapped for the Triton kernel (interpreted): the kernel as
+    the model calls it, on merged-projection views and real step layouts, prefill tiles shared by the layers."""
+    from pagedllm import LLM
+
+    prompts = [{"prompt_token_ids": list(range(100, 100 + n))} for n in (7, 33)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    llm = LLM(default_model, device="cpu", enforce_eager=True, num_gpu_blocks_override=64, block_size=16)
+    expected = llm.generate(prompts, params, use_tqdm=False)
+    monkeypatch.setattr(triton_attention, "serves", lambda device: True)
+    prefill_tokens = []  # per call: the step's prefill tokens (0 in a decode step)
+    kernel = triton_attention.paged_attention_triton
+    monkeypatch.setattr(triton_attention, "paged_attention_triton",
+                        lambda q, cache, meta, scale: prefill_tokens.append(meta.num_prefill_tokens) or kernel(
+                            q, cache, meta, scale))
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert 0 in prefill_tokens and max(prefill_tokens) > 0
+    for ours, want in zip(got, expected):
+        assert ours.outputs[0].token_ids == want.outputs[0].token_ids
+        for steps_got, steps_want in ((ours.outputs[0].logprobs, want.outputs[0].logprobs),
+                                      (ours.prompt_logprobs[1:], want.prompt_logprobs[1:])):
+            for step_got, step_want in zip(steps_got, steps_want):
+                assert {t: p.logprob for t, p in step_got.items()} == pytest.approx(
+                    {t: p.logprob for t, p in step_want.items()}, abs=1e-4)
