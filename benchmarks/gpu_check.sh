@@ -31,7 +31,8 @@ summary() {
 import json, sys
 
 path, status, total, *steps = sys.argv[1:]
-rows = [dict(zip(("step", "status", "seconds"), s.split(":"))) for s in steps]
+rows = [{"step": name, "status": status, "seconds": int(seconds)}
+        for name, status, seconds in (s.split(":") for s in steps)]
 json.dump({"status": status, "total_s": int(total), "steps": rows}, open(path, "w"), indent=2)
 PY
 }
