@@ -82,7 +82,7 @@ step install 120 bash -c install
 if [[ -f "$WHEELS/workloads.json" ]]; then
     export PAGEDLLM_BENCH_WORKLOADS=${PAGEDLLM_BENCH_WORKLOADS:-$WHEELS/workloads.json}
 fi
-step tests 240 "$PYTHON" -m pytest -q -x -p no:cacheprovider tests/gpu tests/worker/test_graph_dispatch.py \
+step tests 300 "$PYTHON" -m pytest -q -p no:cacheprovider tests/gpu tests/worker/test_graph_dispatch.py \
     --junitxml="$OUT_DIR/gpu-tests.xml"
 step throughput 150 "$PYTHON" benchmarks/throughput.py --device cuda --hf-batch-sizes 64 \
     --output "$OUT_DIR/gpu-throughput.json"
