@@ -137,8 +137,8 @@ class ModelRunner:
             extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,
                                               **extra)
-        # On CUDA this is the time to launch the pass: waiting for it would cost a host synchronisation per step
-        # (the step waits once, for its sampled tokens).
+        # On CUDA this is the time to launch the pass: waiting for it here would add a host synchronisation to
+        # the step, which waits for the GPU only in sampling.
         forward_ms = (time.perf_counter() - start) * 1000
         if hidden is None:  # a pipeline stage before the last: its output went to the next stage
             return ModelRunnerOutput({}, {}, {}, forward_ms)
