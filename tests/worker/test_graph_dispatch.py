@@ -10,7 +10,7 @@ from pagedllm.core.request import Request
 from pagedllm.model import triton_attention
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.worker.batch import build_model_input
-from pagedllm.worker.cuda_graph import DecodeInputs
+from pagedllm.worker.cuda_graph import CudaDecodeGraphs, DecodeInputs
 from pagedllm.worker.graph_dispatch import capture_sizes, graph_kind, graph_rows, padded_size
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -106,3 +106,37 @@ def test_graphs_take_decode_steps_within_their_sizes_only():
     embedded = build_model_input([(last_prompt_token, 1)], block, CPU)
     assert embedded.attn_metadata.num_decodes == 1 and embedded.prompt_embeds is not None
     assert graph_rows(embedded, max_rows=4, max_blocks=3) is None  # an embedding, which graphs cannot take
+
+
+class _EagerGraph:
+    """A captured CUDA graph's stand-in on CPU: a replay runs the forward pass over the static inputs eagerly
+    into the graph's output, and says which size it was."""
+
+    def __init__(self, graphs: CudaDecodeGraphs, size: int, replayed: list[int]) -> None:
+        self.graphs, self.size, self.replayed = graphs, size, replayed
+
+    def replay(self) -> None:
+        self.replayed.append(self.size)
+        g = self.graphs
+        g.outputs[self.size].copy_(g.inputs.forward(g.model, g.kv_caches, self.size))
+
+
+def test_cuda_graphs_replay_the_padded_size_and_return_the_batchs_rows(tiny_model_dir):
+    block = 16
+    llm = LLM(tiny_model_dir, device="cpu", enforce_eager=True, num_gpu_blocks_override=32, block_size=block)
+    runner = llm.llm_engine.model_executor.worker.model_runner
+    model, caches = runner.model, runner.kv_caches[0]
+    graphs = CudaDecodeGraphs(model, caches, max_model_len=64, block_size=block, sizes=[1, 2, 4, 8], padding_block=31)
+    replayed: list[int] = []
+    for size in graphs.sizes:
+        graphs.graphs[size] = _EagerGraph(graphs, size, replayed)
+        graphs.outputs[size] = torch.zeros(size, model.embed_tokens.embedding_dim)
+    decode = build_model_input([(_request(str(i), 9 + i, 8 + i, [i]), 1) for i in range(3)], block, CPU)
+    expected = model.forward_stage(decode.input_ids, decode.positions, caches, decode.attn_metadata)
+    assert torch.equal(graphs.forward(decode), expected)
+    assert replayed == [4]
+    too_many = build_model_input([(_request(str(i), 9, 8, [i]), 1) for i in range(9)], block, CPU)
+    too_long = build_model_input([(_request("long", 70, 69, [0, 1, 2, 3, 4]), 1)], block, CPU)
+    prefill = build_model_input([(_request("p", 9, 0, [0]), 9)], block, CPU)
+    assert graphs.forward(too_many) is None and graphs.forward(too_long) is None and graphs.forward(prefill) is None
+    assert replayed == [4]
