@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about paged memory.
 
-.PHONY: setup run test bench
+.PHONY: setup run test bench gpu-wheels
 
 $(BIN)/pagedllm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,3 +22,8 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q tests
+
+# The wheels benchmarks/gpu_check.sh installs on a GPU machine without network (run where there is network).
+WHEELS ?= gpu-wheels
+gpu-wheels:
+	PYTHON=$(PYTHON) benchmarks/gpu_wheels.sh $(WHEELS)

@@ -79,8 +79,9 @@ def default_model_flops(input_len: int, output_len: int) -> float:
                          c.num_key_value_heads, c.vocab_size, input_len, output_len)
 
 
-def load_hf_model() -> Any:
-    """Hugging Face's LlamaForCausalLM on the same GGUF weights, dequantized to float32, without accelerate."""
+def load_hf_model(device: str = "cpu") -> Any:
+    """Hugging Face's LlamaForCausalLM on the same GGUF weights, without accelerate: dequantized to float32 on
+    CPU, in bfloat16 on CUDA (pagedllm's default dtype on each)."""
     import torch
     from transformers import AutoConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
@@ -93,7 +94,7 @@ def load_hf_model() -> Any:
     state = load_gguf_checkpoint(os.path.join(folder, file), return_tensors=True, model_to_load=model)["tensors"]
     model.load_state_dict({k: torch.as_tensor(v) for k, v in state.items()}, strict=False)
     model.tie_weights()
-    return model.eval()
+    return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
 
 def run_in_child(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
@@ -117,6 +118,8 @@ def _measured(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, An
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default=None, choices=["int8"], help="pagedllm's weight quantization")
+    parser.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                        help="where pagedllm and the transformers baseline run (default: CUDA where there is one)")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra EngineArgs keyword for pagedllm, the value as JSON or text (repeatable)")
 
@@ -125,7 +128,16 @@ def parse_engine_args(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = parse_pairs(args.engine_arg)
     if args.quantization:
         kwargs["quantization"] = args.quantization
+    if args.device:
+        kwargs["device"] = args.device
     return kwargs
+
+
+def benchmark_device(args: argparse.Namespace) -> str:
+    """The device the engines run on: --device, else CUDA where there is one (as pagedllm's device="auto")."""
+    import torch
+
+    return args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def parse_pairs(items: list[str]) -> dict[str, Any]:
@@ -143,7 +155,8 @@ def parse_pairs(items: list[str]) -> dict[str, Any]:
 def machine_info() -> dict[str, Any]:
     import torch
 
-    return {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
             "torch": torch.__version__, "load_average": os.getloadavg()}
 
 

@@ -3,6 +3,7 @@ against the machine's own limit measured in the same invocation.
 
     python benchmarks/latency.py            # pagedllm and transformers at batch 1
     python benchmarks/latency.py --no-hf    # pagedllm only
+    python benchmarks/latency.py --device cuda   # on a GPU (the default where there is one): its own limits
 
 Each repeat runs its own prompt of the `latency` workload (so no prefix cache can help), after one
 warm-up request; the median over repeats is reported, with the transformers batch-1 figures of the same
@@ -22,7 +23,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (add_engine_args, default_model_flops, load_hf_model, load_workload,  # noqa: E402
+from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args,
                                run_in_child, token_prompts, write_result)
 from benchmarks.machine_limits import cpu_flags, measure_limits  # noqa: E402
@@ -56,7 +57,7 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[
     return {**_summary(runs[1:]), "startup_s": round(startup_s, 2), "engine_args": engine_kwargs}
 
 
-def run_transformers(prompts: list[list[int]], output_len: int) -> dict[str, Any]:
+def run_transformers(prompts: list[list[int]], output_len: int, device: str = "cpu") -> dict[str, Any]:
     import torch
     from transformers.generation.streamers import BaseStreamer
 
@@ -75,12 +76,12 @@ def run_transformers(prompts: list[list[int]], output_len: int) -> dict[str, Any
         def end(self) -> None:
             pass
 
-    model = load_hf_model()
+    model = load_hf_model(device)
     runs = []
     with torch.inference_mode():
         for prompt in prompts:
             clock = Clock()
-            input_ids = torch.tensor([prompt])
+            input_ids = torch.tensor([prompt], device=device)
             start = time.perf_counter()
             out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                                  max_new_tokens=output_len, min_new_tokens=output_len, pad_token_id=0,
@@ -116,10 +117,11 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     prompts = token_prompts(workload, workload["repeats"] + 1)
     output_len = workload["output_len"]
     engine_kwargs = parse_engine_args(args)
-    weight_size = _bytes_per_weight(engine_kwargs)
-    before = run_in_child(measure_limits, weight_size)
+    device = benchmark_device(args)
+    weight_size = _bytes_per_weight(engine_kwargs, device)
+    before = run_in_child(measure_limits, weight_size, device)
     ours = run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)
-    limits = _best_limits(before, run_in_child(measure_limits, weight_size))
+    limits = _best_limits(before, run_in_child(measure_limits, weight_size, device))
     stream_limit = limits["weight_bytes"] / limits["stream_bytes_per_s"]
     prefill_limit = default_model_flops(workload["input_len"], 1) / limits["matmul_flops_per_s"]
     vs_limits = {"tpot_vs_stream_limit": round(ours["tpot_s"] / stream_limit, 3),
@@ -140,7 +142,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                           "tpot_vs_stream_limit": TARGET_TPOT_VS_STREAM,
                                           "ttft_vs_compute_limit": TARGET_TTFT_VS_COMPUTE}, "pagedllm": ours}
     if not args.no_hf:
-        theirs = run_in_child(run_transformers, prompts, output_len)
+        theirs = run_in_child(run_transformers, prompts, output_len, device)
         print(f"transformers (batch 1): TTFT {theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms, "
               f"peak RSS {theirs['peak_rss_mib']:.0f} MiB", flush=True)
         result["transformers"] = theirs
@@ -152,11 +154,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return result
 
 
-def _bytes_per_weight(engine_kwargs: dict[str, Any]) -> int:
-    """Bytes each weight of the linear layers takes in memory under these engine arguments."""
+def _bytes_per_weight(engine_kwargs: dict[str, Any], device: str) -> int:
+    """Bytes each weight of the linear layers takes in memory under these engine arguments (dtype "auto" is
+    bfloat16 on CUDA)."""
     if engine_kwargs.get("quantization") == "int8":
         return 1
-    return 2 if engine_kwargs.get("dtype") in ("bfloat16", "float16", "half") else 4
+    dtype = engine_kwargs.get("dtype", "auto")
+    return 2 if dtype in ("bfloat16", "float16", "half") or (dtype == "auto" and device == "cuda") else 4
 
 
 def _best_limits(*runs: dict[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-STREAM_REPEATS = 7
-MATMUL_REPEATS = 7
+REPEATS = 7
 # The matmul timed: a prefill chunk of 2048 tokens through the default model's gate-up projection.
 MATMUL_SHAPE = (2048, 576, 3072)
 
@@ -29,42 +28,51 @@ def default_model_weight_bytes(bytes_per_weight: int = 4) -> int:
     return bytes_per_weight * (c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size)
 
 
-def stream_rate(nbytes: int) -> float:
+def stream_rate(nbytes: int, device: str = "cpu") -> float:
     """Bytes per second of a streaming read (a sum) over a float32 buffer of `nbytes`, larger than any cache."""
     import torch
 
-    buffer = torch.ones(nbytes // 4)
-    buffer.sum()  # pages faulted in before timing
+    buffer = torch.ones(nbytes // 4, device=device)
+    return buffer.numel() * 4 / _best_time(buffer.sum, device)
+
+
+def _best_time(run: Any, device: str) -> float:
+    """The least seconds of run() over the repeats, after one untimed run (pages faulted in, kernels loaded);
+    on CUDA each timed run waits for the GPU."""
+    import torch
+
+    wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    run()
+    wait()
     best = float("inf")
-    for _ in range(STREAM_REPEATS):
+    for _ in range(REPEATS):
         start = time.perf_counter()
-        buffer.sum()
+        run()
+        wait()
         best = min(best, time.perf_counter() - start)
-    return buffer.numel() * 4 / best
+    return best
 
 
-def matmul_rate() -> float:
-    """float32 FLOP/s of a prefill-sized matmul on PyTorch's default path (MKL on CPU)."""
+def matmul_rate(device: str = "cpu") -> float:
+    """FLOP/s of a prefill-sized matmul on PyTorch's default path: float32 on CPU (MKL), bfloat16 on CUDA (the
+    dtypes pagedllm runs there by default)."""
     import torch
 
     m, k, n = MATMUL_SHAPE
-    a, b = torch.randn(m, k), torch.randn(k, n)
-    a @ b
-    best = float("inf")
-    for _ in range(MATMUL_REPEATS):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * m * k * n / best
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+    return 2 * m * k * n / _best_time(lambda: a @ b, device)
 
 
-def measure_limits(bytes_per_weight: int = 4) -> dict[str, Any]:
-    """The machine's rates and the default model's weights' size (run in a child process of its own)."""
+def measure_limits(bytes_per_weight: int = 4, device: str = "cpu") -> dict[str, Any]:
+    """The machine's rates on `device` and the default model's weights' size (run in a child process of its
+    own)."""
     import torch
 
     weight_bytes = default_model_weight_bytes(bytes_per_weight)
-    return {"weight_bytes": weight_bytes, "stream_bytes_per_s": round(stream_rate(weight_bytes)),
-            "matmul_flops_per_s": round(matmul_rate()), "threads": torch.get_num_threads()}
+    return {"weight_bytes": weight_bytes, "stream_bytes_per_s": round(stream_rate(weight_bytes, device)),
+            "matmul_flops_per_s": round(matmul_rate(device)), "threads": torch.get_num_threads(),
+            "device": device}
 
 
 def cpu_flags() -> list[str]:

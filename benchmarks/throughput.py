@@ -6,6 +6,7 @@
     python benchmarks/throughput.py --hf-batch-sizes 64      # limit the baseline's batch-size search
     python benchmarks/throughput.py --no-hf --engine-arg quantization=int8 --baseline-engine-arg quantization=null
                                                              # int8 against float32, both pagedllm
+    python benchmarks/throughput.py --device cuda --hf-batch-sizes 64   # on a GPU (the default where there is one)
     python benchmarks/throughput.py --no-hf --vllm-python ~/vllm-cpu/bin/python
                                                              # against vLLM's CPU build (README: its setup)
 
@@ -23,7 +24,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (add_engine_args, default_model_flops, load_hf_model, load_workload,  # noqa: E402
+from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
 from benchmarks.vllm_baseline import run_vllm  # noqa: E402
@@ -50,19 +51,20 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[
             "startup_s": round(startup_s, 2), "engine_args": engine_kwargs, "output_token_ids": tokens}
 
 
-def run_transformers(prompts: list[list[int]], output_len: int, batch_sizes: list[int]) -> dict[str, Any]:
+def run_transformers(prompts: list[list[int]], output_len: int, batch_sizes: list[int],
+                     device: str = "cpu") -> dict[str, Any]:
     import torch
 
-    model = load_hf_model()
+    model = load_hf_model(device)
     generate = _hf_generate(model, output_len)
     with torch.inference_mode():
-        generate(torch.tensor([prompts[0][:16]]), 4)
+        generate(torch.tensor([prompts[0][:16]], device=device), 4)
         by_batch = {}
         for batch_size in batch_sizes:
             start = time.perf_counter()
             tokens: list[list[int]] = []
             for i in range(0, len(prompts), batch_size):
-                tokens.extend(generate(torch.tensor(prompts[i:i + batch_size]), output_len))
+                tokens.extend(generate(torch.tensor(prompts[i:i + batch_size], device=device), output_len))
             elapsed = time.perf_counter() - start
             by_batch[batch_size] = {**_rates(len(prompts), len(prompts[0]), output_len, elapsed, tokens),
                                     "output_token_ids": tokens}
@@ -177,7 +179,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         result.update(_vllm_comparison(args, prompts, output_len, ours))
     if not args.no_hf:
         batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",")]
-        theirs = run_in_child(run_transformers, prompts, output_len, batch_sizes)
+        theirs = run_in_child(run_transformers, prompts, output_len, batch_sizes, benchmark_device(args))
         ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
         print(f"transformers (batch {theirs['best_batch_size']}): {theirs['output_tokens_per_s']:.1f} output tok/s, "
               f"peak RSS {theirs['peak_rss_mib']:.0f} MiB", flush=True)

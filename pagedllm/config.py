@@ -39,7 +39,7 @@ class ModelConfig:
     quantization: Optional[str]
     enable_prompt_embeds: bool
     task: str  # resolved: "generate" or one of the pooling tasks
-    enforce_eager: bool  # no CPU graphs for decode steps (worker/cpu_graph.py)
+    enforce_eager: bool  # no decode graphs (worker/cpu_graph.py on CPU, worker/cuda_graph.py on CUDA)
     pooler_config: Any = None  # a pooling model's PoolerConfig (pagedllm/pooling/config.py); None to generate
 
     @property
@@ -47,6 +47,7 @@ class ModelConfig:
         """"pooling" for embedding, classification, score and reward models, else "generate"."""
         return "generate" if self.pooler_config is None else "pooling"
     enable_sleep_mode: bool = False  # sleep() / wake_up() may release and restore weights and KV cache
+    cuda_graph_sizes: tuple[int, ...] = (512,)  # as vLLM reads them (worker/graph_dispatch.py)
 
     @property
     def vocab_size(self) -> int:
@@ -150,7 +151,8 @@ _HELP = {
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes (default: on).",
     "enable_chunked_prefill": "Split long prefills into chunks within the token budget.",
     "speculative_config": "Speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'.",
-    "enforce_eager": "Run every step through the model's Python code: no CPU graphs for small decode batches.",
+    "enforce_eager": "Run every step through the model's Python code: no CPU graphs for small decode batches, no "
+                     "CUDA graphs on a GPU.",
 }
 
 
@@ -264,7 +266,7 @@ class EngineArgs(CompatArgs):
             tokenizer=self.tokenizer or source.path, generation_config=self.generation_config,
             quantization=self.quantization, enable_prompt_embeds=self.enable_prompt_embeds,
             task=task, enforce_eager=self.enforce_eager, pooler_config=pooler_config,
-            enable_sleep_mode=self.enable_sleep_mode)
+            enable_sleep_mode=self.enable_sleep_mode, cuda_graph_sizes=self._cuda_graph_sizes())
         block_size = self.block_size if self.block_size is not None else 16
         if block_size not in ALLOWED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}.")
@@ -300,6 +302,12 @@ class EngineArgs(CompatArgs):
                                                      self.disable_log_stats),
             lora_config=self._lora_config(dtype) if self.enable_lora else None,
             speculative_config=speculative)
+
+    def _cuda_graph_sizes(self) -> tuple[int, ...]:
+        sizes = self.cuda_graph_sizes
+        if not sizes or any(isinstance(size, bool) or not isinstance(size, int) or size < 1 for size in sizes):
+            raise ValueError(f"cuda_graph_sizes must be a list of positive batch sizes, got {sizes!r}.")
+        return tuple(sizes)
 
     def _lora_config(self, model_dtype: Any) -> LoRAConfig:
         if self.max_lora_rank not in LORA_RANKS:

@@ -105,9 +105,9 @@ INERT: dict[str, str] = {
     "allowed_local_media_path": "no multimodal inputs: there is no media to read",
     "download_dir": "nothing is downloaded: models are local files",
     "hf_token": "no model hub is contacted",
-    "cuda_graph_sizes": "CUDA graph capture sizes; pagedllm captures no CUDA graphs (CPU graphs: `enforce_eager`)",
-    "max_seq_len_to_capture": "CUDA graph capture limit; pagedllm captures no CUDA graphs",
-    "compilation_config": "pagedllm does not use torch.compile; its CPU graphs follow `enforce_eager`",
+    "max_seq_len_to_capture": ("CUDA graph capture limit; pagedllm's CUDA graphs take any length up to "
+                               "max_model_len"),
+    "compilation_config": "pagedllm does not use torch.compile; its CPU and CUDA graphs follow `enforce_eager`",
     "enable_expert_parallel": "expert parallelism applies to mixture-of-experts models; pagedllm runs none",
     "enable_eplb": "expert load balancing applies to mixture-of-experts models; pagedllm runs none",
     "num_redundant_experts": "mixture-of-experts only",

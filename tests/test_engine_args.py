@@ -83,6 +83,7 @@ WORKS = {
     "disable_log_stats": (True, lambda c: c.observability_config.disable_log_stats),
     "quantization": ("int8", lambda c: c.model_config.quantization == "int8"),
     "enforce_eager": (True, lambda c: c.model_config.enforce_eager),
+    "cuda_graph_sizes": ([1, 2], lambda c: c.model_config.cuda_graph_sizes == (1, 2)),
     "device": ("cpu", lambda c: c.device_config.device == "cpu"),
     "num_gpu_blocks_override": (32, lambda c: c.cache_config.num_gpu_blocks_override == 32),
     "preemption_mode": ("swap", lambda c: c.scheduler_config.preemption_mode == "swap"),

@@ -10,7 +10,8 @@ On CPU in float32 a C kernel (cpu_kernels.py) reads the blocks in place for ever
 decode alike, each token on its own over the cached keys in block order. So a token's attention is the
 same computation whether it is decoded or prefilled, in one chunk or several, alone or in a batch of any mix:
 with the linear layers and element-wise kernels also reducing each row on its own, a request's tokens and
-logprobs are bitwise independent of its batch (batch invariance).
+logprobs are bitwise independent of its batch (batch invariance). On CUDA a Triton kernel
+(triton_attention.py) follows the same rule, each query token over its sequence's blocks in place, in tiles.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from pagedllm.model import triton_attention
 from pagedllm.model.cpu_kernels import AttentionKernel, layer_ops_for, load_attention_kernel, serves
 from pagedllm.model.layers import RotaryEmbedding, RotaryPositions
 
@@ -65,6 +67,7 @@ class AttentionMetadata:
     prefill_block_tables: Optional[torch.Tensor] = None
     prefill_token_tables: Optional[torch.Tensor] = None
     prefill_token_lens: Optional[torch.Tensor] = None
+    triton_prefill_tiles: Optional[torch.Tensor] = None  # on CUDA: laid out on first use (triton_attention.py)
 
     @property
     def num_decodes(self) -> int:
@@ -112,9 +115,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache:
                     meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q [T, heads, d], k/v [T, kv_heads, d] of this step, whose keys and values are already in the cache;
     returns [T, heads, d]."""
-    kernel = _attention_kernel(q, kv_cache)
     # Metadata built without the per-token tables (only build_model_input lays them out) takes PyTorch's path.
-    if kernel is not None and (not meta.num_prefill_tokens or meta.prefill_token_tables is not None):
+    has_tables = not meta.num_prefill_tokens or meta.prefill_token_tables is not None
+    if has_tables and triton_attention.serves(q.device):
+        return triton_attention.paged_attention_triton(q, kv_cache, meta, scale)
+    kernel = _attention_kernel(q, kv_cache)
+    if kernel is not None and has_tables:
         return _token_attention(kernel, q, kv_cache, meta, scale)
     if not meta.num_prefill_tokens:
         return _gathered_decode_attention(q, kv_cache, meta, scale)

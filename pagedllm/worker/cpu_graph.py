@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pagedllm.model.attention import AttentionMetadata, KVCache
 from pagedllm.model.cpu_kernels import RecordedCall, TorchStep, in_torch_step, load_plan_runner, recording_calls
 from pagedllm.worker.batch import ModelInput
+from pagedllm.worker.graph_dispatch import graph_rows
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +136,10 @@ class DecodeGraphs:
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
         """The batch's final hidden states from its graph, or None where it has none: prefill tokens, a
-        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, or a model whose forward
+        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, prompt embeddings, or a model whose forward
         pass cannot be recorded."""
-        meta = batch.attn_metadata
-        size = meta.num_decodes
-        if (self.run_plan is None or meta.num_prefill_tokens or not 0 < size <= MAX_GRAPH_BATCH
-                or meta.decode_block_tables.shape[1] > self.max_blocks):
+        size = graph_rows(batch, MAX_GRAPH_BATCH, self.max_blocks)
+        if self.run_plan is None or size is None:
             return None
         graph = self.graphs.get(size)
         if graph is None:

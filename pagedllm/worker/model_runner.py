@@ -20,6 +20,8 @@ from pagedllm.spec_decode.proposer import Proposer
 from pagedllm.spec_decode.verify import verify_proposals
 from pagedllm.worker.batch import ModelInput, build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs
+from pagedllm.worker.cuda_graph import PADDING_BLOCKS, CudaDecodeGraphs
+from pagedllm.worker.graph_dispatch import capture_sizes, graph_kind
 from pagedllm.worker.input_state import InputState, WorkerRequest
 
 
@@ -43,7 +45,8 @@ class ModelRunner:
         self.kv_caches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         self.generators: dict[str, torch.Generator] = {}
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
-        self.decode_graphs: Optional[DecodeGraphs] = None
+        self.num_blocks = 0
+        self.decode_graphs: Optional[DecodeGraphs | CudaDecodeGraphs] = None
         self.lora_decode_graphs: Optional[DecodeGraphs] = None  # steps with LoRA rows record their updates too
         self.input_state = InputState()
         self.proposer: Optional[Proposer] = None  # speculative decoding, on the worker that samples
@@ -53,26 +56,37 @@ class ModelRunner:
 
     def initialize_cache(self, num_blocks: int) -> None:
         shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
-        self.kv_caches = [[allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
-                                             self.config.model_config.dtype, self.device)
+        # CUDA graphs' padding rows write to blocks past the scheduler's (cuda_graph.py).
+        extra = PADDING_BLOCKS if self._graph_kind() == "cuda" else 0
+        self.num_blocks = num_blocks
+        self.kv_caches = [[allocate_kv_cache(num_blocks + extra, self.block_size, shape.num_kv_heads,
+                                             shape.head_dim, self.config.model_config.dtype, self.device)
                            for _ in range(shape.num_layers)]
                           for _ in range(self.ranks.pp_size)]
         self.reset_decode_graphs()
 
+    def _graph_kind(self) -> Optional[str]:
+        model_config = self.config.model_config
+        return graph_kind(self.device, model_config.dtype, model_config.enforce_eager, self.ranks.world_size)
+
     def reset_decode_graphs(self) -> None:
-        """New CPU graphs (recorded on first use) over the current weights and KV cache; graphs hold
-        pointers, so sleep mode calls this once the weights and the cache are back in new memory."""
+        """New decode graphs over the current weights and KV cache (CPU graphs recorded on first use, CUDA
+        graphs captured now); graphs hold pointers, so sleep mode calls this once the weights and the cache are
+        back in new memory."""
         model_config = self.config.model_config
         self.decode_graphs = self.lora_decode_graphs = None
-        # A graph replays one process's kernels: tensor parallelism's all-reduces and a pipeline stage's
-        # sends are not kernel calls (a capture would refuse them), so sharded models run eagerly.
-        if (self.device.type == "cpu" and model_config.dtype == torch.float32 and not model_config.enforce_eager
-                and self.ranks.world_size == 1):
+        kind = self._graph_kind()
+        if kind == "cpu":
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                               self.block_size)
             if self.lora is not None:
                 self.lora_decode_graphs = DecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
                                                        self.block_size)
+        elif kind == "cuda":  # steps with LoRA rows run eagerly on CUDA
+            sizes = capture_sizes(model_config.cuda_graph_sizes, self.config.scheduler_config.max_num_seqs)
+            self.decode_graphs = CudaDecodeGraphs(self.model, self.kv_caches[0], model_config.max_model_len,
+                                                  self.block_size, sizes, padding_block=self.num_blocks)
+            self.decode_graphs.capture()
 
     def release_cache(self) -> None:
         """Drop the KV cache and the graphs that point into it (sleep mode)."""
@@ -123,8 +137,8 @@ class ModelRunner:
             extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,
                                               **extra)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # sampling waits for the forward pass anyway
+        # On CUDA this is the time to launch the pass: waiting for it here would add a host synchronisation to
+        # the step, which waits for the GPU only in sampling.
         forward_ms = (time.perf_counter() - start) * 1000
         if hidden is None:  # a pipeline stage before the last: its output went to the next stage
             return ModelRunnerOutput({}, {}, {}, forward_ms)
