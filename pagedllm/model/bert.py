@@ -96,11 +96,14 @@ class BertModel(nn.Module):
         self.embeddings_norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int]) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: list[int],
+                token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """input_ids and positions [T] for sequences of `seq_lens` laid out one after another -> [T, hidden].
-        Every token is of type 0 (single texts)."""
+        token_type_ids [T] (a text pair's second text is type 1); None: every token is of type 0."""
         layout = SequenceLayout.build(seq_lens, input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings.weight[0]
+        types = (self.token_type_embeddings.weight[0] if token_type_ids is None
+                 else self.token_type_embeddings(token_type_ids))
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + types
         x = self.embeddings_norm(x)
         for layer in self.layers:
             x = layer(x, layout)

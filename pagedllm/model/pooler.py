@@ -1,5 +1,6 @@
 """From a step's hidden states to one output per pooling request: pick or average token rows (the pooling
-type), then the request's post-processing (truncated dimensions, L2 normalization, softmax)."""
+type), then the request's post-processing (truncated dimensions, L2 normalization, a classifier's activation,
+softmax)."""
 from __future__ import annotations
 
 from typing import Any
@@ -34,6 +35,12 @@ def postprocess(pooled: torch.Tensor, task: str, params: Any, config: Any) -> to
             data = data[..., :params.dimensions]
         normalize = config.normalize if params.normalize is None else params.normalize
         return F.normalize(data, p=2, dim=-1) if normalize else data
+    if task in ("classify", "score"):
+        # a classification head's logits: its activation (sigmoid for one label, softmax over several) unless
+        # the request turns it off
+        if params.activation is False:
+            return data
+        return data.sigmoid() if data.shape[-1] == 1 else data.softmax(dim=-1)
     if config.normalize:
         data = F.normalize(data, p=2, dim=-1)
     softmax = config.softmax if params.softmax is None else params.softmax
