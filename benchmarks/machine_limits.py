@@ -43,11 +43,12 @@ def stream_rate(nbytes: int) -> float:
     return buffer.numel() * 4 / best
 
 
-def matmul_rate() -> float:
-    """float32 FLOP/s of a prefill-sized matmul on PyTorch's default path (MKL on CPU)."""
+def matmul_rate(shape: tuple[int, int, int] = MATMUL_SHAPE) -> float:
+    """float32 FLOP/s of an [m, k] x [k, n] matmul (default: prefill-sized) on PyTorch's default path (MKL on
+    CPU)."""
     import torch
 
-    m, k, n = MATMUL_SHAPE
+    m, k, n = shape
     a, b = torch.randn(m, k), torch.randn(k, n)
     a @ b
     best = float("inf")

@@ -85,8 +85,9 @@ class PoolingModelRunner:
         if hidden is None:  # a pipeline stage before the last
             return {}
         config = self.pooler_config
-        pooled = [pool_rows(hidden, start, n, request.prompt_token_ids, config.pooling_type, config.step_tag_id)
-                  for request, start, n in zip(batch.requests, batch.query_starts, batch.num_new_tokens)]
+        pooled = pool_rows(hidden, batch.query_starts, batch.num_new_tokens,
+                           [request.prompt_token_ids for request in batch.requests], config.pooling_type,
+                           config.step_tag_id)
         if self.classifier is not None:
             pooled = _apply_head(self.classifier, pooled)
         # each request's PoolingParams, its task set by the engine
