@@ -49,6 +49,8 @@ class PoolingParams:
                 raise ValueError(f"{name} must be True, False or None, got {value!r}.")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}.")
+        if self.extra_kwargs is not None and not isinstance(self.extra_kwargs, dict):
+            raise ValueError(f"extra_kwargs must be a dict or None, got {self.extra_kwargs!r}.")
         if self.task is not None and self.task not in _TASK_PARAMS:
             raise ValueError(f"Unknown pooling task {self.task!r}; pooling tasks are: {', '.join(_TASK_PARAMS)}.")
         if self.output_kind != RequestOutputKind.FINAL_ONLY:

@@ -89,7 +89,7 @@ class PoolingModelRunner:
                            [request.prompt_token_ids for request in batch.requests], config.pooling_type,
                            config.step_tag_id)
         if self.classifier is not None:
-            pooled = _apply_head(self.classifier, pooled)
+            pooled = _apply_head(self.classifier, pooled, hidden.dtype)
         # each request's PoolingParams, its task set by the engine
         return {request.request_id: postprocess(rows, request.sampling_params.task, request.sampling_params,
                                                 config).tolist()
@@ -106,9 +106,10 @@ def _token_type_ids(requests: list[WorkerRequest], seq_lens: list[int], device: 
     return torch.cat(types).long().to(device)
 
 
-def _apply_head(classifier: Callable[[torch.Tensor], torch.Tensor], pooled: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Every request's pooled rows ([H] or [N, H]) through the classification head in one call -> [labels] or
-    [N, labels]."""
+def _apply_head(classifier: Callable[[torch.Tensor], torch.Tensor], pooled: list[torch.Tensor],
+                dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every request's pooled rows ([H] or [N, H]; MEAN pools in float32) through the classification head, in
+    the model's dtype, in one call -> [labels] or [N, labels]."""
     flat = [rows.reshape(-1, rows.shape[-1]) for rows in pooled]
-    logits = classifier(torch.cat(flat)).split([len(rows) for rows in flat])
+    logits = classifier(torch.cat(flat).to(dtype)).split([len(rows) for rows in flat])
     return [out.reshape(*rows.shape[:-1], out.shape[-1]) for rows, out in zip(pooled, logits)]

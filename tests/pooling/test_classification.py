@@ -41,6 +41,15 @@ def test_bert_classifier_probabilities_match_transformers(classifier_llm, bert_c
     assert torch.allclose(torch.tensor([o.outputs.probs for o in raw]), logits[:4], atol=1e-4)
 
 
+def test_encode_on_a_classifier_honours_softmax(classifier_llm, bert_classifier):
+    _, model, tokenizer = bert_classifier
+    logits = torch.stack([_hf_logits(model, tokenizer(s)) for s in SENTENCES[:3]])
+    default = classifier_llm.encode(SENTENCES[:3], use_tqdm=False)
+    raw = classifier_llm.encode(SENTENCES[:3], PoolingParams(softmax=False), use_tqdm=False)
+    assert torch.allclose(torch.stack([o.outputs.data for o in default]), logits.softmax(-1), atol=1e-5)
+    assert torch.allclose(torch.stack([o.outputs.data for o in raw]), logits, atol=1e-4)
+
+
 def test_bert_cross_encoder_scores_a_pair_in_one_pass(cross_encoder_llm, bert_cross_encoder):
     _, model, tokenizer = bert_cross_encoder
     outputs = cross_encoder_llm.score(QUERY, DOCUMENTS, use_tqdm=False)
