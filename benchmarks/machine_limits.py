@@ -53,12 +53,12 @@ def _best_time(run: Any, device: str) -> float:
     return best
 
 
-def matmul_rate(device: str = "cpu") -> float:
-    """FLOP/s of a prefill-sized matmul on PyTorch's default path: float32 on CPU (MKL), bfloat16 on CUDA (the
-    dtypes pagedllm runs there by default)."""
+def matmul_rate(device: str = "cpu", shape: tuple[int, int, int] = MATMUL_SHAPE) -> float:
+    """FLOP/s of an [m, k] x [k, n] matmul (default: prefill-sized) on PyTorch's default path: float32 on CPU
+    (MKL), bfloat16 on CUDA (the dtypes pagedllm runs there by default)."""
     import torch
 
-    m, k, n = MATMUL_SHAPE
+    m, k, n = shape
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
     return 2 * m * k * n / _best_time(lambda: a @ b, device)

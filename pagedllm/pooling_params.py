@@ -7,6 +7,10 @@ from typing import Any, Optional
 
 from pagedllm.sampling_params import RequestOutputKind
 
+# extra_kwargs key: the index of a text pair's first token of type 1 (every token from it on is of type 1, those
+# before it of type 0), how a BERT cross-encoder's token_type_ids reach the model.
+TOKEN_TYPE_SPLIT = "compressed_token_type_ids"
+
 # Which parameters each pooling task reads; setting any other one is an error rather than silently ignored.
 _TASK_PARAMS: dict[str, tuple[str, ...]] = {
     "embed": ("dimensions", "normalize"),
@@ -22,7 +26,8 @@ class PoolingParams:
     `normalize`: L2-normalize embeddings (None: the model's default); `activation`: apply the classification
     head's activation (softmax over classes, sigmoid for one) to classify and score outputs (None: on);
     `softmax`: softmax over the last axis of `encode` outputs (None: the model's default);
-    `task`: set by the API that takes the request (`LLM.embed` sets "embed", and so on)."""
+    `task`: set by the API that takes the request (`LLM.embed` sets "embed", and so on); `extra_kwargs`: what
+    the API derives for the model (a text pair's token types, see TOKEN_TYPE_SPLIT)."""
 
     dimensions: Optional[int] = None
     normalize: Optional[bool] = None
@@ -32,6 +37,7 @@ class PoolingParams:
     additional_data: Optional[Any] = None
     truncate_prompt_tokens: Optional[int] = None
     task: Optional[str] = None
+    extra_kwargs: Optional[dict[str, Any]] = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
 
     def __post_init__(self) -> None:
@@ -43,6 +49,8 @@ class PoolingParams:
                 raise ValueError(f"{name} must be True, False or None, got {value!r}.")
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens < 1:
             raise ValueError(f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}.")
+        if self.extra_kwargs is not None and not isinstance(self.extra_kwargs, dict):
+            raise ValueError(f"extra_kwargs must be a dict or None, got {self.extra_kwargs!r}.")
         if self.task is not None and self.task not in _TASK_PARAMS:
             raise ValueError(f"Unknown pooling task {self.task!r}; pooling tasks are: {', '.join(_TASK_PARAMS)}.")
         if self.output_kind != RequestOutputKind.FINAL_ONLY:

@@ -17,6 +17,7 @@ from typing import Any, AsyncGenerator, Iterable, Mapping, NamedTuple, Optional,
 from pagedllm.config import AsyncEngineArgs, ModelConfig
 from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.pooling import PoolingClientMixin
 from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestFailedError, RequestStreams, stream_outputs
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import RequestOutput
@@ -50,7 +51,7 @@ class _Turn(NamedTuple):
     idle: bool
 
 
-class AsyncLLMEngine:
+class AsyncLLMEngine(PoolingClientMixin):
     """`generate()` is an async generator of `RequestOutput`s; closing or cancelling it aborts the request."""
 
     def __init__(self, engine: LLMEngine, log_requests: bool = True, start_engine_loop: bool = True) -> None:
@@ -241,12 +242,6 @@ class AsyncLLMEngine:
                 yield output
         finally:
             self._streams.close(request_id)
-
-    async def encode(self, prompt: Any, pooling_params: Any, request_id: str, lora_request: Any = None,
-                     trace_headers: Optional[Mapping[str, str]] = None, priority: int = 0) -> AsyncGenerator[Any, None]:
-        """Yield a pooling request's one output (`PoolingRequestOutput`); the engine must run a pooling task."""
-        async for output in self.generate(prompt, pooling_params, request_id, lora_request, trace_headers, priority):
-            yield output
 
     def _abort_soon(self, request_id: str) -> None:
         """Abort from a context that cannot wait (a cancelled consumer)."""

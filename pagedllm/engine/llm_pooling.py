@@ -5,6 +5,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
+from pagedllm.engine.pooling import is_cross_encoder, pair_request
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import (ClassificationRequestOutput, EmbeddingRequestOutput, PoolingOutput,
                               PoolingRequestOutput, ScoringRequestOutput)
@@ -57,7 +58,8 @@ class PoolingMixin:
     def classify(self, prompts: Prompts, *, use_tqdm: Tqdm = True,
                  pooling_params: Union[PoolingParams, Sequence[PoolingParams], None] = None,
                  lora_request: Any = None) -> list[ClassificationRequestOutput]:
-        """Class probabilities per prompt (`.outputs.probs`); needs a classification model."""
+        """Class probabilities per prompt (`.outputs.probs`); needs a classification model
+        (`*ForSequenceClassification`)."""
         outputs = self.encode(prompts, pooling_params, use_tqdm=use_tqdm, lora_request=lora_request,
                               pooling_task="classify")
         return [ClassificationRequestOutput.from_base(output) for output in outputs]
@@ -73,21 +75,30 @@ class PoolingMixin:
               /, *, truncate_prompt_tokens: Optional[int] = None, use_tqdm: Tqdm = True,
               pooling_params: Optional[PoolingParams] = None, lora_request: Any = None
               ) -> list[ScoringRequestOutput]:
-        """Score pairs: one first item against each second item, or the two lists pairwise. An embedding model
-        scores a pair by the cosine similarity of the two embeddings."""
-        if self.llm_engine.model_config.task != "embed":
-            raise ValueError(f"LLM.score needs an embedding model (task='embed') or a cross-encoder; this model runs "
-                             f"task={self.llm_engine.model_config.task!r}.")
+        """Score pairs: one first item against each second item, or the two lists pairwise. A cross-encoder
+        (a one-label classifier) scores each pair of texts in one pass; an embedding model scores a pair by the
+        cosine similarity of the two embeddings."""
+        model_config = self.llm_engine.model_config
         firsts = [data_1] if isinstance(data_1, (str, dict)) else list(data_1)
         seconds = [data_2] if isinstance(data_2, (str, dict)) else list(data_2)
         if len(firsts) == 1:
             firsts = firsts * len(seconds)
         if len(firsts) != len(seconds) or not seconds:
             raise ValueError(f"score takes one item against N or N against N, got {len(firsts)} and {len(seconds)}.")
+        kwargs = dict(truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm, lora_request=lora_request)
+        if is_cross_encoder(model_config):
+            pairs = [pair_request(self.get_tokenizer(), a, b, model_config, pooling_params or PoolingParams())
+                     for a, b in zip(firsts, seconds)]
+            outputs = self.encode([prompt for prompt, _ in pairs], [params for _, params in pairs],
+                                  pooling_task="score", **kwargs)
+            return [ScoringRequestOutput.from_base(output) for output in outputs]
+        if model_config.task != "embed":
+            raise ValueError(f"LLM.score needs an embedding model (task='embed') or a cross-encoder (a "
+                             f"*ForSequenceClassification model with one label); this model runs "
+                             f"task={model_config.task!r}.")
         if pooling_params is not None:
             pooling_params.verify("embed")
-        embeddings = self.encode(firsts + seconds, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
-                                 use_tqdm=use_tqdm, lora_request=lora_request, pooling_task="embed")
+        embeddings = self.encode(firsts + seconds, pooling_params, pooling_task="embed", **kwargs)
         n = len(firsts)
         return [_cosine_score(a, b) for a, b in zip(embeddings[:n], embeddings[n:])]
 

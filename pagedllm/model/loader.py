@@ -12,6 +12,7 @@ from torch import nn
 from pagedllm.config import ModelConfig
 from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
 from pagedllm.model.bert import BertModel
+from pagedllm.model.classifiers import BertForSequenceClassification, LlamaForSequenceClassification
 from pagedllm.model.cpu_kernels import BF16_FLAGS, cpu_bf16_flags
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.linear_backend import choose_backends
@@ -22,7 +23,8 @@ from pagedllm.pooling.config import is_encoder
 logger = logging.getLogger(__name__)
 
 # Architectures served by the Llama-family implementation.
-_DECODER_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+_DECODER_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
+                          "LlamaForSequenceClassification"}
 
 
 def _iter_safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -50,7 +52,8 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
     hf_config = model_config.hf_config
     archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
     if is_encoder(hf_config):
-        encoder = BertModel(hf_config)
+        encoder = (BertForSequenceClassification(hf_config) if "BertForSequenceClassification" in archs
+                   else BertModel(hf_config))
         encoder.load_weights(iter_weights(model_config))
         encoder = encoder.to(device=device, dtype=model_config.dtype).eval()
         if device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
@@ -58,8 +61,9 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
         return encoder
     if not archs & _DECODER_ARCHITECTURES:
         raise ValueError(f"Model architecture {sorted(archs)} is not supported; supported: "
-                         f"{sorted(_DECODER_ARCHITECTURES | {'BertModel'})}.")
-    model = LlamaForCausalLM(hf_config, parallel)
+                         f"{sorted(_DECODER_ARCHITECTURES | {'BertModel', 'BertForSequenceClassification'})}.")
+    decoder = LlamaForSequenceClassification if "LlamaForSequenceClassification" in archs else LlamaForCausalLM
+    model = decoder(hf_config, parallel)
     model.load_weights(iter_weights(model_config))
     model = model.to(device=device, dtype=model_config.dtype).eval()
     linears = [m for m in model.modules() if isinstance(m, MergedLinear)]

@@ -14,7 +14,7 @@ TASKS = ("auto", "generate", "embed", "classify", "score", "reward")
 POOLING_TASKS = ("embed", "classify", "score", "reward")
 POOLING_TYPES = ("LAST", "CLS", "MEAN", "ALL", "STEP")
 _TASK_ALIASES = {"embedding": "embed"}  # vLLM's older name
-_ENCODER_ARCHITECTURES = {"BertModel"}
+_ENCODER_ARCHITECTURES = {"BertModel", "BertForSequenceClassification"}
 # sentence-transformers pooling modes pagedllm implements, by their config key.
 _ST_MODES = {"pooling_mode_cls_token": "CLS", "pooling_mode_mean_tokens": "MEAN", "pooling_mode_lasttoken": "LAST"}
 _ST_MODULES = {"sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
@@ -57,12 +57,18 @@ class PoolerConfig:
 
 
 def model_tasks(hf_config: Any) -> tuple[str, ...]:
-    """The tasks a model can run, the one `task="auto"` picks first. Classification and cross-encoder scoring
-    need a `*ForSequenceClassification` head, which no supported architecture has yet."""
-    archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
-    if archs & _ENCODER_ARCHITECTURES:
+    """The tasks a model can run, the one `task="auto"` picks first. A `*ForSequenceClassification` head
+    classifies, and with one label it is a cross-encoder that scores a text pair in one pass."""
+    if has_classifier(hf_config):
+        return ("classify", "score") if hf_config.num_labels == 1 else ("classify",)
+    if is_encoder(hf_config):
         return ("embed",)
     return ("generate", "embed", "reward")
+
+
+def has_classifier(hf_config: Any) -> bool:
+    """A `*ForSequenceClassification` architecture: its pooled row goes through a classification head."""
+    return any(a.endswith("ForSequenceClassification") for a in getattr(hf_config, "architectures", None) or [])
 
 
 def check_task_name(task: str) -> None:

@@ -7,6 +7,7 @@ step; an encoder (BERT) keeps no KV cache at all, so the scheduler's blocks for 
 from __future__ import annotations
 
 import time
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.model.pooler import pool_rows, postprocess
 from pagedllm.pooling.config import is_encoder
+from pagedllm.pooling_params import TOKEN_TYPE_SPLIT
 from pagedllm.worker.batch import build_model_input
 from pagedllm.worker.input_state import InputState, WorkerRequest
 from pagedllm.worker.model_runner import CPU_TOKENS_PER_FORWARD, _split
@@ -42,6 +44,7 @@ class PoolingModelRunner:
         self.block_size = config.cache_config.block_size
         self.pooler_config = config.model_config.pooler_config
         self.encoder = is_encoder(config.model_config.hf_config)
+        self.classifier = getattr(model, "classify", None)  # a *ForSequenceClassification head
         self.kv_caches: list = []
         self.tokens_per_forward = CPU_TOKENS_PER_FORWARD if device.type == "cpu" else None
         self.input_state = InputState()
@@ -74,16 +77,39 @@ class PoolingModelRunner:
                 raise RuntimeError(f"Pooling request {request.request_id} must run its whole prompt in one step.")
         batch = build_model_input(scheduled, self.block_size, self.device)
         if self.encoder:
-            hidden = self.model(batch.input_ids, batch.positions, batch.num_new_tokens)
+            hidden = self.model(batch.input_ids, batch.positions, batch.num_new_tokens,
+                                _token_type_ids(batch.requests, batch.num_new_tokens, self.device))
         else:
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, self.kv_caches[virtual_engine],
                                               batch.attn_metadata)
         if hidden is None:  # a pipeline stage before the last
             return {}
         config = self.pooler_config
-        outputs = {}
-        for request, start, n in zip(batch.requests, batch.query_starts, batch.num_new_tokens):
-            params = request.sampling_params  # the request's PoolingParams, its task set by the engine
-            rows = pool_rows(hidden, start, n, request.prompt_token_ids, config.pooling_type, config.step_tag_id)
-            outputs[request.request_id] = postprocess(rows, params.task, params, config).tolist()
-        return outputs
+        pooled = pool_rows(hidden, batch.query_starts, batch.num_new_tokens,
+                           [request.prompt_token_ids for request in batch.requests], config.pooling_type,
+                           config.step_tag_id)
+        if self.classifier is not None:
+            pooled = _apply_head(self.classifier, pooled, hidden.dtype)
+        # each request's PoolingParams, its task set by the engine
+        return {request.request_id: postprocess(rows, request.sampling_params.task, request.sampling_params,
+                                                config).tolist()
+                for request, rows in zip(batch.requests, pooled)}
+
+
+def _token_type_ids(requests: list[WorkerRequest], seq_lens: list[int], device: torch.device) -> Optional[torch.Tensor]:
+    """[T] the token types of a step's sequences laid end to end (a pair's second text is type 1), or None
+    when every token is of type 0."""
+    splits = [(request.sampling_params.extra_kwargs or {}).get(TOKEN_TYPE_SPLIT) for request in requests]
+    if all(split is None for split in splits):
+        return None
+    types = [torch.arange(n) >= (n if split is None else split) for split, n in zip(splits, seq_lens)]
+    return torch.cat(types).long().to(device)
+
+
+def _apply_head(classifier: Callable[[torch.Tensor], torch.Tensor], pooled: list[torch.Tensor],
+                dtype: torch.dtype) -> list[torch.Tensor]:
+    """Every request's pooled rows ([H] or [N, H]; MEAN pools in float32) through the classification head, in
+    the model's dtype, in one call -> [labels] or [N, labels]."""
+    flat = [rows.reshape(-1, rows.shape[-1]) for rows in pooled]
+    logits = classifier(torch.cat(flat).to(dtype)).split([len(rows) for rows in flat])
+    return [out.reshape(*rows.shape[:-1], out.shape[-1]) for rows, out in zip(pooled, logits)]

@@ -1,5 +1,5 @@
-"""The pooling endpoints of `pagedllm serve --task embed` through the openai client and httpx, and their refusal
-by a generating model."""
+"""The pooling endpoints of `pagedllm serve --task embed` through the openai client and httpx, of a cross-encoder
+(a one-label BERT classifier), and their refusal by a generating model."""
 from __future__ import annotations
 
 import base64
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.entrypoints.conftest import API_KEY
+from tests.pooling.classifier_folders import bert_classifier_folder
 
 pytestmark = pytest.mark.slow
 TEXTS = ["A man is eating food.", "A man is riding a horse on a sunny beach.", "The new movie is awesome."]
@@ -111,3 +112,35 @@ def test_a_generating_model_refuses_pooling_endpoints(tiny_server, path, body):
                           timeout=60)
     assert response.status_code == 400, response.text
     assert "task='generate'" in response.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory, launch_server):
+    """(server, transformers model, tokenizer) of a tiny BERT cross-encoder served with --task auto."""
+    folder, model, tokenizer = bert_classifier_folder(tmp_path_factory.mktemp("cross-encoder"), 1)
+    with launch_server(tmp_path_factory.mktemp("cross-encoder-server"), [folder, "--api-key", API_KEY]) as server:
+        yield server, model, tokenizer
+
+
+def test_a_cross_encoder_serves_classify_score_and_rerank(cross_encoder):
+    server, model, tokenizer = cross_encoder
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    with torch.no_grad():
+        pair_logits = torch.cat([model(**tokenizer(TEXTS[0], text, return_tensors="pt")).logits[0]
+                                 for text in TEXTS[1:]])
+        single_logits = model(**tokenizer(TEXTS[2], return_tensors="pt")).logits[0]
+    for path in ("/score", "/v1/score"):
+        body = http.post(path, json={"text_1": TEXTS[0], "text_2": TEXTS[1:]}).json()
+        assert [d["score"] for d in body["data"]] == pytest.approx(pair_logits.sigmoid().tolist(), abs=1e-5)
+    raw = http.post("/score", json={"text_1": TEXTS[0], "text_2": TEXTS[1], "activation": False}).json()
+    assert raw["data"][0]["score"] == pytest.approx(pair_logits[0].item(), abs=1e-4)
+    ranked = http.post("/rerank", json={"query": TEXTS[0], "documents": TEXTS[1:]}).json()["results"]
+    order = pair_logits.argsort(descending=True).tolist()
+    assert [r["index"] for r in ranked] == order
+    assert [r["relevance_score"] for r in ranked] == pytest.approx(pair_logits.sigmoid()[order].tolist(), abs=1e-5)
+    for path in ("/classify", "/v1/classify"):
+        data = http.post(path, json={"input": [TEXTS[2]]}).json()["data"][0]
+        assert (data["label"], data["num_classes"]) == ("label_0", 1)
+        assert data["probs"] == pytest.approx(single_logits.sigmoid().tolist(), abs=1e-5)
+    refused = http.post("/v1/embeddings", json={"input": "text"})
+    assert refused.status_code == 400 and "does not support the Embeddings API" in refused.json()["error"]["message"]

@@ -38,6 +38,13 @@ def test_tasks_resolve_from_the_architecture():
         resolve_task("summarize", LlamaConfig())
     with pytest.raises(ValueError, match="it supports: embed"):
         resolve_task("generate", BertConfig(architectures=["BertModel"]))
+    classifier = BertConfig(architectures=["BertForSequenceClassification"], num_labels=3)
+    cross_encoder = LlamaConfig(architectures=["LlamaForSequenceClassification"], num_labels=1)
+    assert resolve_task("auto", classifier) == "classify"
+    assert resolve_task("auto", cross_encoder) == "classify"
+    assert resolve_task("score", cross_encoder) == "score"
+    with pytest.raises(ValueError, match=r"it supports: classify\.$"):
+        resolve_task("score", classifier)
 
 
 def test_override_pooler_config_is_checked_and_wins():

@@ -18,6 +18,7 @@ from pagedllm.config import AsyncEngineArgs
 from pagedllm.engine.multiprocessing.engine import run_engine
 from pagedllm.engine.multiprocessing.messages import (AbortRequests, AddRequest, Answer, Outputs, Query, Ready,
                                                       Rejected, Shutdown, StartupFailed)
+from pagedllm.engine.pooling import PoolingClientMixin
 from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestStreams, stream_outputs
 from pagedllm.engine.sleep_mode import EngineSleepingError
 from pagedllm.outputs import RequestOutput
@@ -28,7 +29,7 @@ _REJECTION_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "EngineSle
 SHUTDOWN_TIMEOUT_S = 10.0
 
 
-class MQLLMEngineClient:
+class MQLLMEngineClient(PoolingClientMixin):
     """Start with `await MQLLMEngineClient.start(engine_args)`; `generate()` and `abort()` as AsyncLLMEngine's."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, conn: Any, ready: Ready,
@@ -199,12 +200,6 @@ class MQLLMEngineClient:
                 yield output
         finally:
             self._streams.close(request_id)
-
-    async def encode(self, prompt: Any, pooling_params: Any, request_id: str, lora_request: Any = None,
-                     trace_headers: Optional[Mapping[str, str]] = None, priority: int = 0) -> AsyncGenerator[Any, None]:
-        """Yield a pooling request's one output (`PoolingRequestOutput`); the engine must run a pooling task."""
-        async for output in self.generate(prompt, pooling_params, request_id, lora_request, trace_headers, priority):
-            yield output
 
     def _abort_soon(self, request_id: str) -> None:
         """Abort for a consumer that left; nothing to do once the engine is gone."""

@@ -73,6 +73,7 @@ class ClassificationRequest(OpenAIBaseModel):
     model: Optional[ShortStr] = None
     input: Texts
     truncate_prompt_tokens: Optional[PositiveInt] = None
+    activation: Optional[bool] = None  # a classifier's activation (softmax, or sigmoid for one label)
     user: Optional[ShortStr] = None
     priority: Int64 = 0
     request_id: ShortStr = Field(default_factory=random_id)
@@ -99,6 +100,7 @@ class ScoreRequest(OpenAIBaseModel):
     text_1: Texts
     text_2: Texts
     truncate_prompt_tokens: Optional[PositiveInt] = None
+    activation: Optional[bool] = None  # a classifier's activation (softmax, or sigmoid for one label)
     priority: Int64 = 0
     request_id: ShortStr = Field(default_factory=random_id)
 
@@ -124,6 +126,7 @@ class RerankRequest(OpenAIBaseModel):
     documents: Annotated[list[str], Field(max_length=MAX_LIST)]
     top_n: Count = 0  # 0: every document
     truncate_prompt_tokens: Optional[PositiveInt] = None
+    activation: Optional[bool] = None  # a classifier's activation (softmax, or sigmoid for one label)
     priority: Int64 = 0
     request_id: ShortStr = Field(default_factory=random_id)
 
