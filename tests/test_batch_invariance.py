@@ -17,13 +17,15 @@ TARGET = "Write a short poem about the sea, the wind and a small boat sailing ho
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
 
 
+# Panels: one, and five (a row or two take several neighbouring panels per tile, with one left over).
+@pytest.mark.parametrize("panels", [1, 5])
 @pytest.mark.parametrize("rows", [2, 5, 19, 64, 300])
-def test_panel_linear_row_is_the_same_in_any_batch(rows):
+def test_panel_linear_row_is_the_same_in_any_batch(rows, panels):
     kernel = cpu_kernels.load_packed_linear()
     if kernel is None:
         pytest.skip("no C compiler built the panel kernel")
     torch.manual_seed(0)
-    weight = kernel.pack(torch.randn(4 * kernel.panel, 576))
+    weight = kernel.pack(torch.randn(panels * kernel.panel, 576))
     x = torch.randn(rows, 576)
     batched = kernel.float32(x, weight)
     for row in (0, rows // 2, rows - 1):
