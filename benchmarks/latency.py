@@ -4,6 +4,9 @@ against the machine's own limit measured in the same invocation.
     python benchmarks/latency.py            # pagedllm and transformers at batch 1
     python benchmarks/latency.py --no-hf    # pagedllm only
     python benchmarks/latency.py --device cuda   # on a GPU (the default where there is one): its own limits
+    python benchmarks/latency.py --no-hf --against-plain \
+        --engine-arg 'speculative_config={"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 4}'
+                                            # speculative decoding against plain decoding, interleaved
 
 Each repeat runs its own prompt of the `latency` workload (so no prefix cache can help), after one
 warm-up request; the median over repeats is reported, with the transformers batch-1 figures of the same
@@ -41,7 +44,7 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[
     engine = LLM(**engine_kwargs).llm_engine
     startup_s = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    runs = []
+    runs, verified, accepted = [], 0, 0
     for i, prompt in enumerate(prompts):
         start = time.perf_counter()
         engine.add_request(f"latency-{i}", TokensPrompt(prompt_token_ids=prompt), params)
@@ -53,8 +56,14 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[
                 if output.finished:
                     end = time.perf_counter()
                     num_tokens = len(output.outputs[0].token_ids)
+                    counts = output.metrics.spec_token_acceptance_counts or [0]
+                    verified, accepted = verified + counts[0], accepted + sum(counts[1:])
         runs.append(_run(start, first, end, num_tokens, output_len))
-    return {**_summary(runs[1:]), "startup_s": round(startup_s, 2), "engine_args": engine_kwargs}
+    result = {**_summary(runs[1:]), "startup_s": round(startup_s, 2), "engine_args": engine_kwargs}
+    spec = engine_kwargs.get("speculative_config")
+    if spec and verified:  # accepted proposals over proposals verified (all runs)
+        result["acceptance_rate"] = round(accepted / (verified * spec["num_speculative_tokens"]), 3)
+    return result
 
 
 def run_transformers(prompts: list[list[int]], output_len: int, device: str = "cpu") -> dict[str, Any]:
@@ -109,6 +118,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     add_engine_args(parser)
+    parser.add_argument("--against-plain", action="store_true",
+                        help="with a speculative_config: also run without it, interleaved, best of --rounds each")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each engine with --against-plain")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/latency-<time>.json)")
     args = parser.parse_args(argv)
 
@@ -120,7 +132,15 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     device = benchmark_device(args)
     weight_size = _bytes_per_weight(engine_kwargs, device)
     before = run_in_child(measure_limits, weight_size, device)
-    ours = run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)
+    if args.against_plain:
+        if "speculative_config" not in engine_kwargs:
+            parser.error("--against-plain compares a speculative_config (--engine-arg) with plain decoding")
+        plain_kwargs = {k: v for k, v in engine_kwargs.items() if k != "speculative_config"}
+        rounds = [(run_in_child(run_pagedllm, prompts, output_len, plain_kwargs),
+                   run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)) for _ in range(args.rounds)]
+        ours, plain = (min((r[i] for r in rounds), key=lambda run: run["tpot_s"]) for i in (1, 0))
+    else:
+        ours = run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)
     limits = _best_limits(before, run_in_child(measure_limits, weight_size, device))
     stream_limit = limits["weight_bytes"] / limits["stream_bytes_per_s"]
     prefill_limit = default_model_flops(workload["input_len"], 1) / limits["matmul_flops_per_s"]
@@ -141,6 +161,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                               "targets": {"ttft_s": TARGET_TTFT_S, "tpot_s": TARGET_TPOT_S,
                                           "tpot_vs_stream_limit": TARGET_TPOT_VS_STREAM,
                                           "ttft_vs_compute_limit": TARGET_TTFT_VS_COMPUTE}, "pagedllm": ours}
+    if args.against_plain:
+        result["plain"] = plain
+        result["spec_vs_plain"] = {"ttft": round(ours["ttft_s"] / plain["ttft_s"], 3),
+                                   "tpot": round(ours["tpot_s"] / plain["tpot_s"], 3)}
+        ratios = result["spec_vs_plain"]
+        print(f"plain pagedllm: TTFT {plain['ttft_s'] * 1e3:.0f} ms, TPOT {plain['tpot_s'] * 1e3:.1f} ms; speculative "
+              f"against plain: TTFT {ratios['ttft']:.2f}x, TPOT {ratios['tpot']:.2f}x, acceptance "
+              f"{ours.get('acceptance_rate')}", flush=True)
     if not args.no_hf:
         theirs = run_in_child(run_transformers, prompts, output_len, device)
         print(f"transformers (batch 1): TTFT {theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms, "

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from pagedllm import SamplingParams
-from pagedllm.sample.guided_decoding import GrammarManager
+from pagedllm.sample.guided_decoding import GrammarManager, num_grammar_tokens
 from pagedllm.sampling_params import GuidedDecodingParams
 
 SCHEMA = {
@@ -111,3 +111,20 @@ def test_compiled_grammar_cache_is_bounded(llm, monkeypatch):
         grammars.compile(GuidedDecodingParams(regex=f"[a-z]{{1,{i + 3}}}x{i}"))
     assert 81 * one > 3 * grammars.cache_limit_bytes  # unbounded, the cache would hold far more
     assert compiler.get_cache_size_bytes() < 1.5 * grammars.cache_limit_bytes
+
+
+def test_masks_for_proposed_tokens_follow_the_grammar_and_leave_the_matcher_as_it_was(llm, tokenizer):
+    """Speculative decoding: row j is the mask after the first j proposals; a proposal the grammar refuses cuts
+    the walk (its own row masks it out); the matcher is rolled back to where it was."""
+    grammars = llm.llm_engine.grammars
+    matcher = grammars.matcher(GuidedDecodingParams(regex=r"[0-9]{3}-[a-z]+"))
+    digits, letter = [tokenizer.convert_tokens_to_ids(c) for c in "123"], tokenizer.convert_tokens_to_ids("a")
+    masks, failed = grammars.bitmasks({"r": matcher}, {"r": [digits[0], letter, digits[1]]})
+    assert not failed and masks["r"].shape[0] == 4
+    allowed = [{t for t in (*digits, letter) if (row[t // 32] >> (t % 32)) & 1} for row in masks["r"]]
+    assert allowed[0] == allowed[1] == set(digits)  # before and after the first digit: digits only
+    assert letter not in allowed[1]  # so the refused proposal is rejected at its own row
+    reference, _ = grammars.bitmasks({"r": matcher})  # the matcher did not move
+    assert masks["r"][0].equal(reference["r"][0])
+    assert num_grammar_tokens(matcher, [*digits, letter, *digits]) == 3  # "123", then "-" was due
+    assert num_grammar_tokens(matcher, [letter]) == 0  # still at the start

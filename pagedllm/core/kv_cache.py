@@ -169,6 +169,14 @@ class KVCacheManager:
         child.block_ids = list(shared)
         child.num_computed_tokens = num_tokens
 
+    def free_past(self, request: Request, num_tokens: int) -> None:
+        """Return the blocks past those of the request's first `num_tokens` tokens: reserved for proposed tokens
+        that were rejected, or for a draft's lookahead, they are allocated again when a step needs them."""
+        keep = cdiv(num_tokens, self.block_size)
+        if len(request.block_ids) > keep:
+            self.pool.free(self._blocks(reversed(request.block_ids[keep:])))
+            del request.block_ids[keep:]
+
     def free(self, request: Request) -> None:
         """Return all of the request's blocks (device and host), deepest first."""
         self._release(request)

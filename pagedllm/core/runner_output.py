@@ -1,6 +1,7 @@
 """What comes back from the workers each step: plain data, no tensors."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 
@@ -12,17 +13,19 @@ class TokenLogprobs(NamedTuple):
     ranks: list[int]
 
 
-class ModelRunnerOutput(NamedTuple):
+@dataclass
+class ModelRunnerOutput:
     # The new tokens of each request that sampled: one, or with speculative decoding the accepted proposed
     # tokens followed by the target's own token.
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, TokenLogprobs]  # one position per sampled token
     prompt_logprobs: dict[str, TokenLogprobs]  # the prompt positions computed this step
     model_forward_time: float = 0.0  # milliseconds in the model's forward pass, as vLLM reports it
-    draft_token_ids: dict[str, list[int]] = {}  # proposals to verify in the request's next step
+    # Proposals to verify in the request's next step.
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Requests that failed on their own this step (their seed, logits processor, non-finite logits): id -> why.
     # They have no sampled token; the engine finishes them with an error and the batch goes on.
-    failed: dict[str, str] = {}
+    failed: dict[str, str] = field(default_factory=dict)
     # Pooling models: request id -> its pooled output as (nested) lists of floats; None from generating models.
     pooler_outputs: Optional[dict[str, Any]] = None
 

@@ -116,7 +116,8 @@ class Scheduler:
             else:
                 out.cached_requests.append(CachedRequestData(
                     request.request_id, request.all_token_ids[request.num_tokens_sent:],
-                    request.block_ids[request.num_blocks_sent:], request.num_computed_tokens))
+                    request.block_ids[request.num_blocks_sent:], request.num_computed_tokens,
+                    request.num_blocks_sent))
             request.num_tokens_sent, request.num_blocks_sent = request.num_tokens, len(request.block_ids)
         out.finished_req_ids, self._finished_req_ids = self._finished_req_ids, set()
         return out
@@ -148,13 +149,12 @@ class Scheduler:
 
     def _drafts_to_verify(self, request: Request, budget: int) -> int:
         """Keep as many of a decoding request's proposed tokens as this step verifies: within the budget, and
-        never more than the request may still emit (max_tokens, max_model_len) less the target's own token.
-        Guided requests do not speculate: their grammar masks cover one token per step."""
+        never more than the request may still emit (max_tokens, max_model_len) less the target's own token."""
         params = request.sampling_params
         room = min(budget, self.config.max_model_len - request.num_tokens - 1)
         if params.max_tokens is not None:
             room = min(room, params.max_tokens - request.num_output_tokens - 1)
-        if not self._speculate or params.guided_decoding is not None:
+        if not self._speculate:
             room = 0
         del request.spec_token_ids[max(0, room):]
         return len(request.spec_token_ids)
@@ -293,7 +293,8 @@ class Scheduler:
                            draft_token_ids: Optional[dict[str, list[int]]] = None) -> None:
         """Advance computed counts by the step's tokens and append the sampled ones (requests finished while
         the step ran are left as they are). Proposed tokens that were rejected are no longer computed: their
-        slots are written again by the next step. `draft_token_ids` are the proposals to verify next."""
+        slots are written again by the next step, and blocks past the request's tokens (reserved for rejected
+        proposals or lookahead) are freed. `draft_token_ids` are the proposals to verify next."""
         for request_id, num_new in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None:
@@ -305,6 +306,8 @@ class Scheduler:
                 request.num_computed_tokens -= num_rejected
                 for token in tokens:
                     request.append_output_token(token)
+                self.kv_cache.free_past(request, request.num_tokens)
+                request.num_blocks_sent = min(request.num_blocks_sent, len(request.block_ids))
             request.spec_token_ids = list((draft_token_ids or {}).get(request_id, ()))
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:

@@ -37,6 +37,9 @@ class CachedRequestData:
     new_token_ids: list[int]  # tokens sampled since (appended to its outputs)
     new_block_ids: list[int]  # blocks appended to its block table since
     num_computed_tokens: int
+    # How many leading blocks of its table stay before new_block_ids: fewer than the workers hold when blocks
+    # past its tokens were freed (rejected proposals, lookahead).
+    num_kept_blocks: int
 
 
 @dataclass
@@ -55,7 +58,8 @@ class SchedulerOutput:
     # does both, so no block is read and written by the two directions.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
-    # Guided requests that sample this step -> packed bitmask of their allowed tokens (set by the engine).
+    # Guided requests that sample this step -> packed bitmasks [1 + its scheduled proposals, vocab/32] of the
+    # tokens allowed at each position it samples (set by the engine).
     grammar_bitmasks: dict[str, Any] = field(default_factory=dict)
     # Which of the pipeline's virtual engines (and so which KV cache) this step belongs to.
     virtual_engine: int = 0

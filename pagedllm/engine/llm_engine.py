@@ -1,6 +1,7 @@
 """LLMEngine: accepts requests and advances all of them one scheduled step at a time."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Iterable, Mapping, Optional, Union
@@ -26,7 +27,7 @@ from pagedllm.metrics.setup import default_stat_loggers, request_tracer
 from pagedllm.metrics.tracing import warn_tracing_disabled
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sample.guided_decoding import GrammarManager, accept_token
+from pagedllm.sample.guided_decoding import GrammarManager, accept_token, num_grammar_tokens
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer import get_generation_config, get_tokenizer
 
@@ -311,10 +312,11 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests]
         self.stats.on_schedule([s.metrics for s in scheduled + ignored], time.perf_counter() - start)
         outputs += self._finish_ignored(ignored)
+        proposed = scheduler_output.scheduled_spec_tokens
         scheduler_output.grammar_bitmasks, failed = self.grammars.bitmasks(
             {s.request_id: s.grammar for s in scheduled if s.grammar is not None
              and s.request.num_computed_tokens + scheduler_output.num_scheduled_tokens[s.request_id]
-             == s.request.num_tokens})
+             == s.request.num_tokens + len(proposed.get(s.request_id, ()))}, proposed)
         return scheduler_output, scheduled, failed
 
     def _update(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState], result: ModelRunnerOutput,
@@ -326,28 +328,41 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
             return self._update_pooled(scheduler_output, scheduled, result, execute_time)
         failed = {**failed, **result.failed}
         if failed:
-            result = result._replace(
-                sampled_token_ids={rid: t for rid, t in result.sampled_token_ids.items() if rid not in failed},
+            result = dataclasses.replace(
+                result, sampled_token_ids={rid: t for rid, t in result.sampled_token_ids.items() if rid not in failed},
                 draft_token_ids={rid: t for rid, t in result.draft_token_ids.items() if rid not in failed})
         sampled = result.sampled_token_ids
-        self.schedulers[scheduler_output.virtual_engine].update_from_output(
-            scheduler_output, sampled, result.draft_token_ids)
+        drafts, grammar_failed = self._advance_grammars(scheduled, result)
+        failed.update(grammar_failed)
+        self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, sampled, drafts)
         tracked = [(s.request, s.metrics) for s in scheduled]
         self.stats.on_tokens(tracked, sampled, execute_time, result.model_forward_time)
         if scheduler_output.scheduled_spec_tokens:
             self.stats.on_spec_tokens(tracked, scheduler_output.scheduled_spec_tokens, sampled)
-        for state in scheduled:
-            if state.grammar is None:
-                continue
-            try:
-                for token_id in sampled.get(state.request_id, ()):
-                    accept_token(state.request_id, state.grammar, token_id)
-            except Exception as error:
-                failed[state.request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
         step_outputs, finished = self.output_processor.process(scheduled, result, failed)
         for status in set(finished.values()):
             self._finish_requests([rid for rid, s in finished.items() if s == status], status)
         return step_outputs
+
+    @staticmethod
+    def _advance_grammars(scheduled: list[RequestState], result: ModelRunnerOutput
+                          ) -> tuple[dict[str, list[int]], dict[str, str]]:
+        """Advance guided requests' matchers by their sampled tokens and cut their proposals before the first
+        token the grammar refuses: the proposals to verify next, and the requests whose grammar failed
+        (id -> why)."""
+        drafts, failed = dict(result.draft_token_ids), {}
+        for state in scheduled:
+            if state.grammar is None:
+                continue
+            try:
+                for token_id in result.sampled_token_ids.get(state.request_id, ()):
+                    accept_token(state.request_id, state.grammar, token_id)
+                proposed = drafts.get(state.request_id)
+                if proposed:
+                    drafts[state.request_id] = proposed[:num_grammar_tokens(state.grammar, proposed)]
+            except Exception as error:
+                failed[state.request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
+        return drafts, failed
 
     def _update_pooled(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState],
                        result: ModelRunnerOutput, execute_time: float) -> list[PoolingRequestOutput]:

@@ -2,9 +2,14 @@
 
 The engine owns one `GrammarManager`: its compiler caches compiled grammars (the same schema compiles
 once per engine), least recently used first out past VLLM_XGRAMMAR_CACHE_MB (512), so that a stream of
-distinct schemas cannot grow the engine's memory without bound. Each guided request's record holds its own matcher. Each step the manager fills a packed
-token bitmask for the guided requests that sample (the sampler turns it into a mask), then each matcher is
-advanced with the token that was sampled.
+distinct schemas cannot grow the engine's memory without bound. Each guided request's record holds its own
+matcher. Each step the manager fills a packed token bitmask for the guided requests that sample (the sampler
+turns it into a mask), then each matcher is advanced with the tokens that were sampled.
+
+With speculative decoding a request verifies several positions in one step: its proposals are first cut
+before the first token the grammar refuses (`num_grammar_tokens`), then each verified position gets the mask
+of the matcher walked through the proposals before it, and the matcher is walked back (xgrammar's rollback):
+only the tokens verification keeps advance it.
 """
 from __future__ import annotations
 
@@ -69,23 +74,47 @@ class GrammarManager:
             self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_limit_bytes=self.cache_limit_bytes)
         return self._compiler
 
-    def bitmasks(self, matchers: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """Packed int32 masks [vocab/32] of the next allowed tokens, by request id, for the given matchers
-        (request id -> matcher) that are not terminated; and the requests whose matcher failed (id -> why),
-        which fail alone."""
+    def bitmasks(self, matchers: dict[str, Any], proposals: Optional[dict[str, list[int]]] = None
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Packed int32 masks [1 + its proposals, vocab/32] of the allowed tokens, by request id, for the given
+        matchers (request id -> matcher) that are not terminated; and the requests whose matcher failed
+        (id -> why), which fail alone. Row j is the mask after the first j proposed tokens (speculative
+        decoding verifies each position under its own mask); the matchers are left where they were."""
         import xgrammar as xgr
 
+        proposals = proposals or {}
         live = {rid: m for rid, m in matchers.items() if not m.is_terminated()}
         if not live:
             return {}, {}
-        masks = xgr.allocate_token_bitmask(len(live), self.vocab_size)
-        failed = {}
-        for i, (request_id, matcher) in enumerate(live.items()):
+        sizes = [1 + len(proposals.get(rid, ())) for rid in live]
+        masks = xgr.allocate_token_bitmask(sum(sizes), self.vocab_size)  # every token allowed until filled
+        result, failed, start = {}, {}, 0
+        for (request_id, matcher), size in zip(live.items(), sizes):
             try:
-                matcher.fill_next_token_bitmask(masks, i)
+                matcher.fill_next_token_bitmask(masks, start)
+                num_grammar_tokens(matcher, proposals.get(request_id, []), masks, start)
+                result[request_id] = masks[start:start + size]
             except Exception as error:
                 failed[request_id] = f"its guided decoding grammar failed: {type(error).__name__}: {error}"
-        return {rid: mask for rid, mask in zip(live, masks) if rid not in failed}, failed
+            start += size
+        return result, failed
+
+
+def num_grammar_tokens(matcher: Any, tokens: list[int], masks: Optional[torch.Tensor] = None, start: int = 0
+                       ) -> int:
+    """How many leading `tokens` the grammar accepts from the matcher's state, which is left unchanged (the
+    walk is rolled back). With `masks`, row start + j is filled with the mask after the first j tokens; rows
+    past a refused token, or past one that ends the grammar, are left as they are: verification never keeps
+    a token there (the refused one is masked out at its own row; plain decoding masks nothing after the end)."""
+    num_accepted = 0
+    for token in tokens:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            break
+        num_accepted += 1
+        if masks is not None and not matcher.is_terminated():
+            matcher.fill_next_token_bitmask(masks, start + num_accepted)
+    matcher.rollback(num_accepted)
+    return num_accepted
 
 
 def accept_token(request_id: str, matcher: Any, token_id: int) -> None:

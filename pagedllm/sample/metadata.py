@@ -181,8 +181,15 @@ def _bad_word_ends(request: SamplingRequest) -> set[int]:
 
 def _grammar(requests: list[SamplingRequest], bitmasks: dict[str, torch.Tensor], device: torch.device
              ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    rows = [i for i, r in enumerate(requests) if r.request_id in bitmasks]
+    """Each request's masks are [rows, vocab/32]: a batch row takes the next unused one of its request's (one
+    row per request in plain sampling; one per verified position with speculative decoding)."""
+    rows, masks, used = [], [], {}
+    for i, request in enumerate(requests):
+        mask = bitmasks.get(request.request_id)
+        if mask is not None:
+            j = used[request.request_id] = used.get(request.request_id, -1) + 1
+            rows.append(i)
+            masks.append(mask[j])
     if not rows:
         return None
-    masks = torch.stack([bitmasks[requests[i].request_id] for i in rows]).to(device)
-    return torch.tensor(rows, device=device), masks
+    return torch.tensor(rows, device=device), torch.stack(masks).to(device)

@@ -2,11 +2,19 @@
 or the target's own weights quantized to int8 (the self-draft), whose greedy choices mostly agree with the
 float model's at a third of its cost per token on CPU.
 
-The draft keeps a KV cache of its own laid out block for block like the target's: a request's draft keys sit
-in the same block ids and slots as its target keys, so the scheduler's block tables serve both, and the
-lookahead slots it reserves past the verified tokens hold the keys of the draft's own proposals. Per request
-the proposer remembers which tokens its cache holds and in which blocks; after a step it feeds only what is
-new (the accepted tokens; the whole context after a preemption moved the blocks), then decodes the rest.
+The self-draft (the target's own architecture) reads and writes the target's KV cache: every token but the
+newest already has the target's float keys there, computed while verifying, so the draft never prefills a
+prompt (the first token waits only for the draft's few decode steps) and proposes from better keys. It
+feeds the newest token, then its own proposals, into the lookahead slots past the verified tokens; the next
+verification writes those slots again before any query reads them (each layer writes a step's keys before
+attending), and no other request reads them (a block is shared only once full and verified).
+
+Another draft model keeps a KV cache of its own laid out block for block like the target's: a request's draft
+keys sit in the same block ids and slots as its target keys, so the scheduler's block tables serve both, and
+the lookahead slots hold the keys of its proposals. Per request the proposer remembers which tokens its cache
+holds and in which blocks; after a step it feeds only what is new (the accepted tokens; more after a
+preemption or a block change), then decodes the rest. Under tensor or pipeline parallelism the self-draft
+does the same (the target's cache there holds only a shard).
 """
 from __future__ import annotations
 
@@ -75,8 +83,9 @@ class _Feed:
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+    def __init__(self, config: EngineConfig, device: torch.device, share_target_cache: bool = False) -> None:
         self.config = config
+        self.share_target_cache = share_target_cache
         self.model_config = draft_model_config(config.model_config, config)
         self.device = device
         self.model = load_model(self.model_config, str(device))
@@ -88,17 +97,24 @@ class DraftModelProposer(Proposer):
         self.cached: dict[str, tuple[list[int], list[int]]] = {}
 
     def block_bytes(self) -> int:
+        if self.share_target_cache:
+            return 0
         shape = local_kv_cache_shape(self.model_config.hf_config, ParallelRanks())
         element = torch.tensor([], dtype=self.model_config.dtype).element_size()
         return 2 * shape.num_layers * self.block_size * shape.num_kv_heads * shape.head_dim * element
 
-    def initialize_cache(self, num_blocks: int) -> None:
+    def initialize_cache(self, num_blocks: int, target_kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         shape = local_kv_cache_shape(self.model_config.hf_config, ParallelRanks())
-        self.kv_caches = [allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
-                                            self.model_config.dtype, self.device) for _ in range(shape.num_layers)]
+        self.kv_caches = target_kv_caches if self.share_target_cache else [
+            allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, self.model_config.dtype,
+                              self.device) for _ in range(shape.num_layers)]
         if (self.device.type == "cpu" and self.model_config.dtype == torch.float32
                 and not self.model_config.enforce_eager):
             self.graphs = DecodeGraphs(self.model, self.kv_caches, self.max_model_len, self.block_size)
+
+    def release_cache(self) -> None:
+        self.kv_caches, self.graphs = [], None
+        self.cached.clear()
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
@@ -113,23 +129,29 @@ class DraftModelProposer(Proposer):
             for feed, token in zip(active, self._next_tokens(active)):
                 feed.advance(token)
             active = [feed for feed in active if len(feed.proposed) < feed.num_wanted]
-        for feed in feeds:
-            # The last proposal was never fed: the cache holds the tokens before it.
-            self.cached[feed.request_id] = (feed.tokens[:-1] if feed.proposed else feed.tokens[:feed.num_computed_tokens],
-                                            list(feed.block_ids))
+        if not self.share_target_cache:
+            for feed in feeds:
+                # The last proposal was never fed: the cache holds the tokens before it.
+                held = feed.tokens[:-1] if feed.proposed else feed.tokens[:feed.num_computed_tokens]
+                self.cached[feed.request_id] = (held, list(feed.block_ids))
         return {feed.request_id: feed.proposed for feed in feeds if feed.proposed}
 
     def _num_cached(self, request_id: str, tokens: list[int], block_ids: list[int]) -> int:
         """Leading tokens whose draft keys are still valid: the same tokens in the same blocks (always leaving
-        one token to feed)."""
+        one token to feed). Blocks past the accepted tokens are freed after a step, so the last blocks may
+        differ."""
+        if self.share_target_cache:
+            return len(tokens) - 1  # the target verified all but the newest
         held = self.cached.get(request_id)
         if held is None:
             return 0
         held_tokens, held_blocks = held
-        if block_ids[:len(held_blocks)] != held_blocks:
-            return 0
+        same_blocks = 0
+        while (same_blocks < min(len(held_blocks), len(block_ids))
+               and held_blocks[same_blocks] == block_ids[same_blocks]):
+            same_blocks += 1
         same = 0
-        limit = min(len(held_tokens), len(tokens) - 1)
+        limit = min(len(held_tokens), len(tokens) - 1, same_blocks * self.block_size)
         while same < limit and held_tokens[same] == tokens[same]:
             same += 1
         return same

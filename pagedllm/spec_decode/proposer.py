@@ -25,14 +25,20 @@ class Proposer(ABC):
         """Bytes of KV cache the proposer keeps per block of the target's cache."""
         return 0
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        """Allocate any cache of its own, block for block with the target's (same ids, same slots)."""
+    def initialize_cache(self, num_blocks: int, target_kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Allocate any cache of its own, block for block with the target's (same ids, same slots), or use the
+        target's (`target_kv_caches`, one (keys, values) per layer)."""
+
+    def release_cache(self) -> None:
+        """Drop its KV cache, or its hold on the target's (sleep mode)."""
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop what it keeps of finished or preempted requests."""
 
 
-def build_proposer(config: EngineConfig, device: torch.device) -> Proposer:
+def build_proposer(config: EngineConfig, device: torch.device, whole_target: bool) -> Proposer:
+    """`whole_target`: this worker holds all of the target's layers and KV heads (no parallelism), so a
+    self-draft can read and write the target's own KV cache."""
     spec = config.speculative_config
     if spec.method == "ngram":
         from pagedllm.spec_decode.ngram import NgramProposer
@@ -40,4 +46,4 @@ def build_proposer(config: EngineConfig, device: torch.device) -> Proposer:
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
     from pagedllm.spec_decode.draft_model import DraftModelProposer
 
-    return DraftModelProposer(config, device)
+    return DraftModelProposer(config, device, share_target_cache=whole_target and spec.model is None)

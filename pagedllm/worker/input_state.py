@@ -42,6 +42,7 @@ class InputState:
             request = self.requests[change.request_id]
             request.output_token_ids.extend(change.new_token_ids)
             request.all_token_ids.extend(change.new_token_ids)
+            del request.block_ids[change.num_kept_blocks:]
             request.block_ids.extend(change.new_block_ids)
             request.num_computed_tokens = change.num_computed_tokens
         for request_id in output.num_scheduled_tokens:

@@ -92,6 +92,8 @@ class ModelRunner:
         """Drop the KV cache and the graphs that point into it (sleep mode)."""
         self.kv_caches = []
         self.decode_graphs = self.lora_decode_graphs = None
+        if self.proposer is not None:
+            self.proposer.release_cache()
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -100,7 +102,7 @@ class ModelRunner:
         if self.proposer is not None:
             self.proposer.forget([*scheduler_output.finished_req_ids, *scheduler_output.preempted_req_ids])
         scheduled = self.input_state.update(scheduler_output)
-        merged = ModelRunnerOutput({}, {}, {}, failed={})
+        merged = ModelRunnerOutput({}, {}, {})
         if not scheduled:
             return merged
         forward_ms = 0.0
@@ -111,17 +113,17 @@ class ModelRunner:
             merged.prompt_logprobs.update(output.prompt_logprobs)
             merged.failed.update(output.failed)
             forward_ms += output.model_forward_time
-        merged = merged._replace(model_forward_time=forward_ms)
+        merged.model_forward_time = forward_ms
         if self.proposer is not None and scheduler_output.num_lookahead_tokens and merged.sampled_token_ids:
-            merged = merged._replace(draft_token_ids=self._propose(merged, scheduler_output.num_lookahead_tokens))
+            merged.draft_token_ids = self._propose(merged, scheduler_output.num_lookahead_tokens)
         return merged
 
     def _propose(self, output: ModelRunnerOutput, num_tokens: int) -> dict[str, list[int]]:
-        """The next step's proposals for the requests that sampled (guided ones do not speculate)."""
+        """The next step's proposals for the requests that sampled (the engine cuts a guided request's before
+        the first token its grammar refuses)."""
         requests = self.input_state.requests
         contexts = [(requests[rid], requests[rid].all_token_ids + tokens)
-                    for rid, tokens in output.sampled_token_ids.items()
-                    if requests[rid].sampling_params.guided_decoding is None]
+                    for rid, tokens in output.sampled_token_ids.items()]
         return self.proposer.propose(contexts, num_tokens)
 
     def _run(self, scheduled: list[tuple[WorkerRequest, int]], grammar_bitmasks: dict,

@@ -58,7 +58,7 @@ class Worker:
             # Proposals need only token ids: the rank that samples proposes, with a whole draft model of its own.
             from pagedllm.spec_decode.proposer import build_proposer
 
-            self.model_runner.proposer = build_proposer(self.config, self.device)
+            self.model_runner.proposer = build_proposer(self.config, self.device, self.ranks.world_size == 1)
 
     def block_bytes(self) -> int:
         """Bytes of one KV cache block over this worker's layers and KV heads, keys and values."""
@@ -98,7 +98,7 @@ class Worker:
         self.num_blocks = num_blocks
         self.model_runner.initialize_cache(num_blocks)
         if self.model_runner.proposer is not None:
-            self.model_runner.proposer.initialize_cache(num_blocks)
+            self.model_runner.proposer.initialize_cache(num_blocks, self.model_runner.kv_caches[0])
         if self.num_swap_blocks():
             self.swap_space = SwapSpace(self.model_runner.kv_caches[0], self.num_swap_blocks())
 

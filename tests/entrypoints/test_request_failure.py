@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 
 import httpx
@@ -29,7 +30,7 @@ def _failing_requests_with_7_max_tokens(executor) -> None:
         failed = {rid: "its logits processor raised ValueError: injected" for rid in output.sampled_token_ids
                   if doomed.get(rid) == 3}
         sampled = {rid: t for rid, t in output.sampled_token_ids.items() if rid not in failed}
-        return output._replace(sampled_token_ids=sampled, failed=failed)
+        return dataclasses.replace(output, sampled_token_ids=sampled, failed=failed)
 
     executor.execute_model = execute
 

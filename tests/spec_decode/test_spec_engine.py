@@ -1,7 +1,10 @@
 """Speculative decoding on the default model: greedy outputs (tokens and top logprobs) equal plain decoding's
 for prompt lookup and the int8 self-draft, with prefix caching, under preemption, with stops in the middle of
-an accepted run; sampled requests stay reproducible; guided requests stay inside their grammar."""
+an accepted run; sampled requests stay reproducible; guided requests speculate and decode as plain guided
+decoding does."""
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -30,12 +33,18 @@ def assert_same_as_plain(spec_outputs, plain_outputs) -> None:
         if b.logprobs is not None:
             for got, want in zip(a.logprobs, b.logprobs):
                 assert list(got) == list(want)  # same top tokens, in the same order
-                assert all(abs(got[t].logprob - want[t].logprob) < 1e-3 for t in want)
+                # (a grammar's mask leaves -inf logprobs in the top ones: equal, not close)
+                assert all(math.isclose(got[t].logprob, want[t].logprob, abs_tol=1e-3) for t in want)
 
 
 @pytest.fixture(scope="module")
 def ngram_llm():
     return LLM(speculative_config=NGRAM)
+
+
+@pytest.fixture(scope="module")
+def int8_llm():
+    return LLM(speculative_config=INT8)
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +54,14 @@ def greedy_plain(llm):
 
 @pytest.mark.parametrize("config", [NGRAM, INT8], ids=["ngram", "int8-self-draft"])
 def test_greedy_outputs_equal_plain_decoding(request, config, greedy_plain):
-    spec_llm = request.getfixturevalue("ngram_llm") if config is NGRAM else LLM(speculative_config=config)
+    spec_llm = request.getfixturevalue("ngram_llm" if config is NGRAM else "int8_llm")
     outputs = chat(spec_llm, SamplingParams(max_tokens=40, temperature=0, logprobs=3))
     assert_same_as_plain(outputs, greedy_plain)
     counts = [o.metrics.spec_token_acceptance_counts for o in outputs]
     assert all(c is not None and c[1] > 0 for c in counts)  # proposals were verified and some kept
+    runner = spec_llm.llm_engine.model_executor.worker.model_runner
+    if config is INT8:  # the self-draft reads and writes the target's own KV cache: no prefill, no second cache
+        assert runner.proposer.kv_caches is runner.kv_caches[0] and runner.proposer.block_bytes() == 0
     # A second round finds the prompts in the prefix cache and still decodes the same.
     again = chat(spec_llm, SamplingParams(max_tokens=40, temperature=0, logprobs=3))
     assert all(o.num_cached_tokens > 0 for o in again)
@@ -81,9 +93,23 @@ def test_seeded_sampling_is_reproducible_with_n_samples(ngram_llm):
     assert all(len(o.outputs) == 2 for o in first)
 
 
-def test_guided_requests_stay_in_their_grammar(ngram_llm, llm):
-    params = SamplingParams(max_tokens=20, temperature=0,
-                            guided_decoding=GuidedDecodingParams(choice=["The meeting", "1. Open"]))
-    outputs = chat(ngram_llm, params)
-    assert all(o.outputs[0].text in ("The meeting", "1. Open") for o in outputs)
-    assert_same_as_plain(outputs, chat(llm, params))
+RECORD_SCHEMA = {"type": "object", "required": ["name", "city", "tags"],
+                 "properties": {"name": {"type": "string"}, "city": {"type": "string"},
+                                "tags": {"type": "array", "items": {"type": "string"}}}}
+GUIDED = [("Write this record as JSON: name Alice Smith, city Paris, tags red, green, blue.",
+           GuidedDecodingParams(json=RECORD_SCHEMA)),
+          ("Copy the phone number exactly: 555-123-4567.", GuidedDecodingParams(regex=r"[0-9]{3}-[0-9]{3}-[0-9]{4}")),
+          (PROMPTS[0], GuidedDecodingParams(choice=["The meeting", "1. Open"]))]
+
+
+@pytest.mark.parametrize("config", [NGRAM, INT8], ids=["ngram", "int8-self-draft"])
+def test_guided_requests_speculate_and_decode_as_plain(request, config, llm):
+    """Each verified position is masked by the grammar after the proposals before it: the greedy text is plain
+    guided decoding's, and proposals were verified (and some kept) for every guided request."""
+    spec_llm = request.getfixturevalue("ngram_llm" if config is NGRAM else "int8_llm")
+    for prompt, guided in GUIDED:
+        params = SamplingParams(max_tokens=60, temperature=0, logprobs=2, guided_decoding=guided)
+        outputs = chat(spec_llm, params, [prompt])
+        assert_same_as_plain(outputs, chat(llm, params, [prompt]))
+        counts = outputs[0].metrics.spec_token_acceptance_counts
+        assert counts is not None and counts[1] > 0

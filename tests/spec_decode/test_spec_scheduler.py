@@ -45,13 +45,30 @@ def test_a_draft_model_gets_lookahead_slots_past_the_verified_tokens():
     scheduler = make_scheduler(lookahead=3)
     request = Request("a", [1, 2, 3], SamplingParams(max_tokens=20), 0.0)
     prefill(scheduler, request, [4, 5, 6])
-    # After the prefill: 4 tokens, room for 3 more written by the draft: 7 slots, 2 blocks of 4.
-    assert len(request.block_ids) == 2
     scheduler.schedule()  # verifies 4 tokens from position 3: up to position 6, plus 3 lookahead: 10 slots
     assert len(request.block_ids) == 3
 
 
-def test_proposals_are_trimmed_to_max_tokens_and_dropped_for_guided_requests():
+def test_blocks_past_the_accepted_tokens_are_freed_and_workers_follow():
+    from pagedllm.worker.input_state import InputState
+
+    scheduler, worker = make_scheduler(lookahead=3), InputState()
+    request = Request("a", [1, 2, 3], SamplingParams(max_tokens=20), 0.0)
+    scheduler.add_request(request)
+    steps = [([9], [4, 5, 6]), ([4, 7], [8, 8, 8]), ([1], [2, 3, 4]), ([2, 3, 4, 5], [6])]
+    for sampled, drafts in steps:
+        out = scheduler.schedule()
+        worker.update(out)
+        assert worker.requests["a"].block_ids == request.block_ids  # the workers' table follows, trimmed
+        scheduler.update_from_output(out, {"a": sampled}, {"a": drafts})
+        # Only the blocks the request's tokens need stay in use: the lookahead ones went back.
+        needed = -(-request.num_tokens // 4)
+        assert len(request.block_ids) == needed
+        assert scheduler.kv_cache.num_blocks - scheduler.kv_cache.num_free_blocks == needed
+    assert request.output_token_ids == [9, 4, 7, 1, 2, 3, 4, 5]
+
+
+def test_proposals_are_trimmed_to_max_tokens_and_kept_for_guided_requests():
     from pagedllm.sampling_params import GuidedDecodingParams
 
     scheduler = make_scheduler()
@@ -63,8 +80,10 @@ def test_proposals_are_trimmed_to_max_tokens_and_dropped_for_guided_requests():
     out = scheduler.schedule()
     scheduler.update_from_output(out, {"a": [9], "b": [9]}, {"a": [4, 5, 6], "b": [4, 5, 6]})
     out = scheduler.schedule()
-    # "a" may emit 2 more tokens: one proposal and the target's own.
-    assert out.scheduled_spec_tokens == {"a": [4]} and out.num_scheduled_tokens == {"a": 2, "b": 1}
+    # "a" may emit 2 more tokens: one proposal and the target's own. "b"'s grammar masks each verified position
+    # (the engine cut its proposals to what the grammar accepts before they got here).
+    assert out.scheduled_spec_tokens == {"a": [4], "b": [4, 5, 6]}
+    assert out.num_scheduled_tokens == {"a": 2, "b": 4}
 
 
 def test_speculation_stops_at_disable_by_batch_size():
