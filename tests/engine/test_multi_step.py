@@ -115,8 +115,8 @@ def test_engine_step_streams_each_token_or_each_group(stream, llm):
 
 def test_abort_inside_a_group_drops_its_streamed_tokens():
     engine = LLMEngine.from_engine_args(EngineArgs(num_scheduler_steps=8))
-    engine.add_request("a", PROMPTS[0], SamplingParams(max_tokens=12, temperature=0))
-    engine.add_request("b", PROMPTS[1], SamplingParams(max_tokens=12, temperature=0))
+    engine.add_request("a", PROMPTS[0], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    engine.add_request("b", PROMPTS[1], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     engine.step()  # the prefills
     assert {o.request_id for o in engine.step()} == {"a", "b"}  # a group's first token; seven more wait
     engine.abort_request("a")
