@@ -166,3 +166,11 @@ def test_guided_decoding_and_logits_processors_are_refused_per_request(multi_llm
 def test_settings_multi_step_cannot_honour_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineArgs(**kwargs).create_engine_config()
+
+
+def test_serve_flags_set_multi_step():
+    from pagedllm.entrypoints.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--num-scheduler-steps", "8", "--no-multi-step-stream-outputs"])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert (engine_args.num_scheduler_steps, engine_args.multi_step_stream_outputs) == (8, False)
