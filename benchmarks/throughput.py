@@ -9,6 +9,7 @@
     python benchmarks/throughput.py --device cuda --hf-batch-sizes 64   # on a GPU (the default where there is one)
     python benchmarks/throughput.py --no-hf --vllm-python ~/vllm-cpu/bin/python
                                                              # against vLLM's CPU build (README: its setup)
+    python benchmarks/throughput.py --num-scheduler-steps 8  # multi-step against single-step, interleaved
 
 All requests are submitted at once as token-id prompts, greedy, each generating exactly output_len tokens.
 Prints both engines' output tokens/s, their ratio, peak RSS and the fraction of the machine's compute
@@ -43,12 +44,12 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[
     warmup = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:16])], warmup, use_tqdm=False)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     return {**_rates(len(prompts), len(prompts[0]), output_len, elapsed, tokens),
-            "startup_s": round(startup_s, 2), "engine_args": engine_kwargs, "output_token_ids": tokens}
+            "cpu_s": round(cpu_s, 2), "startup_s": round(startup_s, 2), "engine_args": engine_kwargs, "output_token_ids": tokens}
 
 
 def run_transformers(prompts: list[list[int]], output_len: int, batch_sizes: list[int],
@@ -119,6 +120,32 @@ def _vllm_comparison(args: argparse.Namespace, prompts: list[list[int]], output_
             "agreement_with_vllm": _agreement(ours["output_token_ids"], tokens)}
 
 
+def compare_multi_step(prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any], steps: int,
+                       repeats: int) -> dict[str, Any]:
+    """pagedllm with num_scheduler_steps=steps and =1, alternating in fresh processes `repeats` times each; the
+    best run of each counts (the machine may be shared), and the greedy outputs must agree."""
+    runs: dict[int, list[dict[str, Any]]] = {steps: [], 1: []}
+    for i in range(repeats):
+        for n in (steps, 1) if i % 2 == 0 else (1, steps):
+            run = run_in_child(run_pagedllm, prompts, output_len, {**engine_kwargs, "num_scheduler_steps": n})
+            print(f"  num_scheduler_steps={n}: {run['output_tokens_per_s']:.1f} output tok/s", flush=True)
+            runs[n].append(run)
+    best = {n: max(r, key=lambda run: run["output_tokens_per_s"]) for n, r in runs.items()}
+    agreement = _agreement(best[steps]["output_token_ids"], best[1]["output_token_ids"])
+    ratio = best[steps]["output_tokens_per_s"] / best[1]["output_tokens_per_s"]
+    # CPU seconds of the generating process: less swayed than wall time by other work on a shared machine.
+    least_cpu = {n: min(run["cpu_s"] for run in rs) for n, rs in runs.items()}
+    cpu_ratio = least_cpu[1] / least_cpu[steps]
+    print(f"multi-step ({steps}) / single-step, best of {repeats}: {ratio:.3f}x in wall time, {cpu_ratio:.3f}x in "
+          f"CPU time; identical outputs {agreement['identical_requests']:.0%}", flush=True)
+    return {"num_scheduler_steps": steps, "repeats": repeats, "ratio_multi_vs_single_step": round(ratio, 3),
+            "cpu_time_ratio_multi_vs_single_step": round(cpu_ratio, 3),
+            "cpu_s": {str(n): [r["cpu_s"] for r in rs] for n, rs in runs.items()},
+            "agreement": agreement,
+            "output_tokens_per_s": {str(n): [r["output_tokens_per_s"] for r in rs] for n, rs in runs.items()},
+            "best": {str(n): {k: v for k, v in run.items() if k != "output_token_ids"} for n, run in best.items()}}
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="throughput", choices=["throughput", "throughput_large"])
@@ -137,6 +164,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                         help="an extra keyword for vLLM's LLM (repeatable; dtype is float32 unless given)")
     parser.add_argument("--peak-gflops", type=float, default=190.0,
                         help="the machine's float32 matmul rate used for the compute limit")
+    parser.add_argument("--num-scheduler-steps", type=int, default=None, metavar="N",
+                        help="only compare pagedllm with num_scheduler_steps=N against 1, interleaved, best of "
+                             "--repeats each, and print their ratio")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each setting with --num-scheduler-steps")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/<name>-<time>.json)")
     args = parser.parse_args(argv)
 
@@ -146,6 +177,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     limit = args.peak_gflops * 1e9 * output_len / default_model_flops(workload["input_len"], output_len)
     print(f"{args.workload}: {len(prompts)} requests x {workload['input_len']} in / {output_len} out; "
           f"compute limit {limit:.0f} output tok/s at {args.peak_gflops:.0f} GFLOP/s", flush=True)
+    if args.num_scheduler_steps:
+        result = {"workload": args.workload, "definition": workload, "machine": machine_info(),
+                  **compare_multi_step(prompts, output_len, parse_engine_args(args), args.num_scheduler_steps,
+                                       args.repeats)}
+        print(f"wrote {write_result(result, args.output, args.workload + '_multi_step')}")
+        return result
 
     ours = run_in_child(run_pagedllm, prompts, output_len, parse_engine_args(args))
     print(f"pagedllm: {ours['output_tokens_per_s']:.1f} output tok/s ({ours['elapsed_s']:.1f} s), "

@@ -80,7 +80,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool
     preemption_mode: Optional[str]
     policy: str
-    num_scheduler_steps: int
+    num_scheduler_steps: int  # decode steps per scheduling decision (multi-step; see core/scheduler.py)
     watermark: float = 0.01
     # Speculative decoding (pagedllm/spec_decode): proposed tokens verified per step, KV slots reserved past
     # them for a draft model, and the running batch from which speculation is off.
@@ -88,6 +88,12 @@ class SchedulerConfig:
     num_lookahead_slots: int = 0
     speculative_disable_by_batch_size: Optional[int] = None
     max_loras: int = 0  # distinct LoRA adapters one step may use (0: LoRA is off)
+    # Multi-step: each of a group's tokens is output as it is taken (True) or all at the group's end (False).
+    multi_step_stream_outputs: bool = True
+
+    @property
+    def is_multi_step(self) -> bool:
+        return self.num_scheduler_steps > 1
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,10 @@ _HELP = {
     "enable_prefix_caching": "Reuse the KV cache of shared prompt prefixes (default: on).",
     "enable_chunked_prefill": "Split long prefills into chunks within the token budget.",
     "speculative_config": "Speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'.",
+    "num_scheduler_steps": "Decode steps per scheduling decision (multi-step): the worker feeds each sampled token "
+                           "back for the next step.",
+    "multi_step_stream_outputs": "With multi-step, output each token as it is taken (default), or each group's "
+                                 "tokens at its end.",
     "enforce_eager": "Run every step through the model's Python code: no CPU graphs for small decode batches, no "
                      "CUDA graphs on a GPU.",
 }
@@ -192,6 +202,7 @@ class EngineArgs(CompatArgs):
     preemption_mode: Optional[str] = None
     scheduling_policy: str = "fcfs"
     num_scheduler_steps: int = 1
+    multi_step_stream_outputs: bool = True
     disable_async_output_proc: bool = False
     enforce_eager: bool = False
     distributed_executor_backend: Any = None
@@ -283,6 +294,7 @@ class EngineArgs(CompatArgs):
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped-out "
                              "blocks).")
         speculative = parse_speculative_config(self.speculative_config)
+        self._check_multi_step(speculative)
         if speculative is not None:
             check_draft_vocabulary(speculative, source.hf_config)
             if self.enable_prompt_embeds:
@@ -341,6 +353,20 @@ class EngineArgs(CompatArgs):
         if self.enable_lora:
             raise ValueError("enable_lora=True is not supported for pooling tasks: adapters apply to generation.")
 
+    def _check_multi_step(self, speculative: Optional[SpeculativeConfig]) -> None:
+        """vLLM's refusals for num_scheduler_steps > 1, and pagedllm's own: the worker feeds sampled tokens back
+        to its own next forward pass, which a model split over processes cannot do without more traffic."""
+        if self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps ({self.num_scheduler_steps}) must be greater than or equal to 1.")
+        if self.num_scheduler_steps == 1:
+            return
+        if speculative is not None:
+            raise ValueError("Speculative decoding is not supported with multi-step (--num-scheduler-steps > 1): "
+                             "unset speculative_config or num_scheduler_steps.")
+        if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError("num_scheduler_steps > 1 is not supported by pagedllm with tensor_parallel_size or "
+                             "pipeline_parallel_size above 1.")
+
     def _scheduler_config(self, max_model_len: int, speculative: Optional[SpeculativeConfig] = None
                           ) -> SchedulerConfig:
         chunked = bool(self.enable_chunked_prefill)
@@ -365,7 +391,8 @@ class EngineArgs(CompatArgs):
         return SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
             enable_chunked_prefill=chunked, preemption_mode=self.preemption_mode, policy=self.scheduling_policy,
-            num_scheduler_steps=self.num_scheduler_steps, max_loras=self.max_loras if self.enable_lora else 0,
+            num_scheduler_steps=self.num_scheduler_steps, multi_step_stream_outputs=self.multi_step_stream_outputs,
+            max_loras=self.max_loras if self.enable_lora else 0,
             num_speculative_tokens=speculative.num_speculative_tokens if speculative else 0,
             num_lookahead_slots=speculative.num_lookahead_slots if speculative else 0,
             speculative_disable_by_batch_size=speculative.disable_by_batch_size if speculative else None)

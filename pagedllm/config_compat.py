@@ -65,7 +65,6 @@ class CompatArgs:
     enable_prompt_adapter: bool = False
     max_prompt_adapters: int = 1
     max_prompt_adapter_token: int = 0
-    multi_step_stream_outputs: bool = True
     ray_workers_use_nsight: bool = False
     num_lookahead_slots: int = 0
     model_loader_extra_config: dict[str, Any] = field(default_factory=dict)
@@ -130,7 +129,6 @@ INERT: dict[str, str] = {
     "disable_mm_preprocessor_cache": "text-only models: no multimodal preprocessor",
     "disable_chunked_mm_input": "text-only models: no multimodal inputs to chunk",
     "enable_multimodal_encoder_data_parallel": "text-only models: no multimodal encoder",
-    "multi_step_stream_outputs": "only read with num_scheduler_steps > 1, which is refused",
     "ray_workers_use_nsight": "Nsight profiling of CUDA Ray workers",
     "disable_hybrid_kv_cache_manager": "every supported model has one attention type: one KV cache layout",
     "guided_decoding_disable_fallback": "xgrammar is the only backend: there is nothing to fall back to",
@@ -178,7 +176,6 @@ UNSUPPORTED: dict[str, str] = {
     "enable_prompt_adapter": "prompt adapters are not implemented",
     "max_prompt_adapters": "prompt adapters are not implemented",
     "max_prompt_adapter_token": "prompt adapters are not implemented",
-    "num_scheduler_steps": "multi-step scheduling is not implemented",
     "num_lookahead_slots": "lookahead slots follow from speculative_config",
     "model_loader_extra_config": "the model loader takes no options",
     "ignore_patterns": "every weight file of the model folder is loaded",

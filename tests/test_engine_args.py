@@ -95,6 +95,9 @@ WORKS = {
     "generation_config": ("vllm", lambda c: c.model_config.generation_config == "vllm"),
     "model_impl": ("vllm", lambda c: True),  # pagedllm's own implementation, as "auto"
     "enable_sleep_mode": (True, lambda c: c.model_config.enable_sleep_mode),
+    "num_scheduler_steps": (4, lambda c: c.scheduler_config.num_scheduler_steps == 4),
+    "multi_step_stream_outputs": (False, lambda c: not c.scheduler_config.multi_step_stream_outputs,
+                                  {"num_scheduler_steps": 4}),
     "enable_prompt_embeds": (True, lambda c: c.model_config.enable_prompt_embeds),
     "enable_lora": (True, lambda c: c.lora_config.max_loras == 1 and c.scheduler_config.max_loras == 1),
     # The other LoRA fields act with enable_lora (tests/lora/test_lora_config.py), as in vLLM.
@@ -163,7 +166,7 @@ def test_an_unknown_task_lists_the_valid_ones():
 
 @pytest.mark.parametrize("name, value, reason", [
     ("fully_sharded_loras", True, "LoRA weights split over tensor-parallel ranks as their base layers do"),
-    ("num_scheduler_steps", 4, "multi-step"),
+    ("num_lookahead_slots", 4, "speculative_config"),
     ("load_format", "safetensors", "for this model"),
 ])
 def test_features_not_implemented_raise_with_their_reason(name, value, reason):

@@ -5,7 +5,9 @@ within a budget so that the second count catches up with the first. That covers 
 prompt takes several steps), prefix-cache hits (counted as computed on admission) and preemption by
 recompute (the count drops to zero). With speculative decoding a decoding request's proposed tokens are
 scheduled after its last one and verified in the same step; rejected ones are taken back from the computed
-count in `update_from_output`.
+count in `update_from_output`. With multi-step (`num_scheduler_steps` > 1) a step of decodes only is
+scheduled once for several tokens: each decode reserves slots for all of them, the worker samples them one
+forward pass at a time, and they come back like accepted proposals.
 
 One step, in order:
 1. Under the priority policy, running requests worse than the best waiting one are preempted while that
@@ -41,6 +43,7 @@ class _Plan:
     preempted: list[Request] = field(default_factory=list)
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    decode_steps: dict[str, int] = field(default_factory=dict)  # multi-step: running decodes' tokens this step
 
 
 class Scheduler:
@@ -104,6 +107,8 @@ class Scheduler:
                               preempted_req_ids=[r.request_id for r in plan.preempted],
                               virtual_engine=self.virtual_engine,
                               num_lookahead_tokens=self.config.num_speculative_tokens if self._speculate else 0)
+        if len(plan.decode_steps) == len(plan.scheduled):  # a step with a prefill or a swap-in runs once
+            out.decode_steps = plan.decode_steps
         for request, num_new in plan.scheduled:
             out.num_scheduled_tokens[request.request_id] = num_new
             if request.spec_token_ids:
@@ -140,8 +145,11 @@ class Scheduler:
             num_new = self._num_new_tokens(request, budget, request.num_computed_tokens)
             if num_new == 1:
                 num_new += self._drafts_to_verify(request, budget - 1)
-            if num_new == 0 or not self._allocate_or_preempt(request, num_new, scheduled, out):
+            steps = self._decode_steps(request, num_new)
+            if num_new == 0 or not self._allocate_or_preempt(request, num_new, scheduled, out, steps - 1):
                 continue
+            if steps > 1:
+                out.decode_steps[request.request_id] = steps
             scheduled.add(request.request_id)
             out.scheduled.append((request, num_new))
             budget -= num_new
@@ -162,11 +170,22 @@ class Scheduler:
     def _lookahead(self) -> int:
         return self.config.num_lookahead_slots if self._speculate else 0
 
+    def _decode_steps(self, request: Request, num_new: int) -> int:
+        """Multi-step: the tokens a running request whose last token alone is scheduled samples in this step,
+        never more than it may still emit (max_tokens, max_model_len); 1 otherwise."""
+        if not self.config.is_multi_step or num_new != 1 or request.num_computed_tokens + 1 != request.num_tokens:
+            return 1
+        steps = min(self.config.num_scheduler_steps, self.config.max_model_len - request.num_tokens)
+        if request.sampling_params.max_tokens is not None:
+            steps = min(steps, request.sampling_params.max_tokens - request.num_output_tokens)
+        return max(1, steps)
+
     def _allocate_or_preempt(self, request: Request, num_new: int, scheduled: set[str],
-                             out: _Plan) -> bool:
-        """Find room for `request` by preempting requests not yet scheduled this step; False if it was
-        itself preempted."""
-        while not self.kv_cache.allocate_slots(request, num_new, num_lookahead_tokens=self._lookahead()):
+                             out: _Plan, num_fed_back: int = 0) -> bool:
+        """Find room for `request` (and the `num_fed_back` tokens a multi-step group computes after its
+        scheduled one) by preempting requests not yet scheduled this step; False if it was itself preempted."""
+        lookahead = self._lookahead() + num_fed_back
+        while not self.kv_cache.allocate_slots(request, num_new, num_lookahead_tokens=lookahead):
             victim = self._pick_victim([r for r in self.running if r.request_id not in scheduled])
             self._preempt(victim, out)
             if victim is request:
@@ -294,7 +313,9 @@ class Scheduler:
         """Advance computed counts by the step's tokens and append the sampled ones (requests finished while
         the step ran are left as they are). Proposed tokens that were rejected are no longer computed: their
         slots are written again by the next step, and blocks past the request's tokens (reserved for rejected
-        proposals or lookahead) are freed. `draft_token_ids` are the proposals to verify next."""
+        proposals or lookahead) are freed. A multi-step group's tokens but the last were computed as inputs after
+        the scheduled one (the same count with no proposals). `draft_token_ids` are the proposals to verify
+        next."""
         for request_id, num_new in output.num_scheduled_tokens.items():
             request = self.requests.get(request_id)
             if request is None:

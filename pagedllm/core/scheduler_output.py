@@ -67,6 +67,9 @@ class SchedulerOutput:
     # among its num_scheduled_tokens), and how many tokens to propose for each request that samples.
     scheduled_spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     num_lookahead_tokens: int = 0
+    # Multi-step (num_scheduler_steps > 1): in a step of decodes only, request id -> how many tokens it samples,
+    # one forward pass each, every token fed back as the next pass's input. Empty: one token each.
+    decode_steps: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:

@@ -13,6 +13,7 @@ from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
+from pagedllm.engine.multi_step import StreamedTokens, check_multi_step_params
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.pooling import check_params_kind, pooling_output, prepare_pooling_params
@@ -61,6 +62,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.max_model_len)
         self.requests: dict[str, RequestState] = {}  # every unfinished request's record, by engine id
         self.parents: dict[str, ParentRequest] = {}  # unfinished n > 1 requests, by the user's id
+        self.streamed_tokens = StreamedTokens()  # multi-step: later tokens' outputs, one step() each
         self._checked_loras: dict[int, str] = {}
         stop_ids = sorted(({self.eos_token_id} | self.generation_eos_ids()) - {None})
         self.grammars = GrammarManager(self.tokenizer, self.model_config.vocab_size, stop_ids)
@@ -123,6 +125,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         if request_id in self.requests or request_id in self.parents:
             raise ValueError(f"Request id {request_id!r} is already in use by an unfinished request.")
         check_params_kind(params, self.model_config)
+        check_multi_step_params(params, self.config.scheduler_config)
         if lora_request is not None:
             self.check_lora_request(lora_request)
         if priority != 0 and self.config.scheduler_config.policy != "priority":
@@ -251,6 +254,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         for user_id in given:
             parent = self.parents.get(user_id)
             ids.extend([parent.child_id(i) for i in range(parent.num_children)] if parent else [user_id])
+        self.streamed_tokens.drop(given)
         self._finish_requests(ids, RequestStatus.FINISHED_ABORTED)
 
     def _finish_requests(self, request_ids: list[str], status: RequestStatus) -> None:
@@ -276,7 +280,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         return self.schedulers[0]
 
     def has_unfinished_requests(self) -> bool:
-        return any(scheduler.has_unfinished_requests() for scheduler in self.schedulers)
+        return bool(self.streamed_tokens) or any(scheduler.has_unfinished_requests() for scheduler in self.schedulers)
 
     def has_unfinished_requests_for_virtual_engine(self, virtual_engine: int) -> bool:
         return self.schedulers[virtual_engine].has_unfinished_requests()
@@ -288,7 +292,11 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
 
     def step(self) -> list[Union[RequestOutput, PoolingRequestOutput]]:
         """Schedule, execute, update: the outputs of this iteration. Every virtual engine's step is started
-        before any is waited for, so that pipeline stages work on different batches at once."""
+        before any is waited for, so that pipeline stages work on different batches at once. While a multi-step
+        group's later tokens have outputs to stream, each step returns the next token's instead."""
+        if self.streamed_tokens:
+            self.do_log_stats()
+            return self.streamed_tokens.next()
         outputs, started = [], []
         for scheduler in self.schedulers:
             scheduler_output, scheduled, failed = self._schedule(scheduler, outputs)
@@ -336,13 +344,15 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         failed.update(grammar_failed)
         self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, sampled, drafts)
         tracked = [(s.request, s.metrics) for s in scheduled]
-        self.stats.on_tokens(tracked, sampled, execute_time, result.model_forward_time)
+        self.stats.on_tokens(tracked, sampled, execute_time, result.model_forward_time,
+                             per_token=bool(scheduler_output.decode_steps))
         if scheduler_output.scheduled_spec_tokens:
             self.stats.on_spec_tokens(tracked, scheduler_output.scheduled_spec_tokens, sampled)
-        step_outputs, finished = self.output_processor.process(scheduled, result, failed)
+        each_token = bool(scheduler_output.decode_steps) and self.config.scheduler_config.multi_step_stream_outputs
+        by_token, finished = self.output_processor.process(scheduled, result, failed, each_token)
         for status in set(finished.values()):
             self._finish_requests([rid for rid, s in finished.items() if s == status], status)
-        return step_outputs
+        return self.streamed_tokens.first(by_token)
 
     @staticmethod
     def _advance_grammars(scheduled: list[RequestState], result: ModelRunnerOutput

@@ -27,30 +27,30 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self._token_text.clear()
 
-    def process(self, states: list[RequestState], result: ModelRunnerOutput, failed: dict[str, str]
-                ) -> tuple[list[RequestOutput], dict[str, RequestStatus]]:
+    def process(self, states: list[RequestState], result: ModelRunnerOutput, failed: dict[str, str],
+                           each_token: bool = True) -> tuple[list[list[RequestOutput]], dict[str, RequestStatus]]:
         """Outputs of this step, and the requests that finished with their status. The requests in `failed`
-        (id -> why) finish with an error, as does one whose detokenizing or stop check raises."""
-        outputs, finished = [], {}
-        parents: dict[str, ParentRequest] = {}
+        (id -> why) finish with an error, as does one whose detokenizing or stop check raises. With several
+        tokens per request (multi-step) list i holds the outputs after each request's (i+1)-th new token
+        (`each_token`); otherwise there is one list."""
+        by_token: list[list[tuple[RequestState, RequestOutput]]] = []
+        finished = {}
         for state in states:
             request_id = state.request_id
             sampled = request_id in result.sampled_token_ids
             if not sampled and request_id not in failed and request_id not in result.prompt_logprobs:
                 continue
-            status = self._advance(state, result, failed)
+            earlier: Optional[list[Optional[RequestOutput]]] = [] if each_token else None
+            status = self._advance(state, result, failed, earlier)
             if status is None and not sampled:  # a prompt chunk's logprobs: kept for the first output
                 continue
             if status is not None:
                 finished[request_id] = status
-            output = self.make_output(state, status)
-            if output is not None and state.parent is not None:
-                parent, index = state.parent
-                parent.record(index, output)
-                parents[parent.request_id] = parent
-            elif output is not None:
-                outputs.append(output)
-        return outputs + _collect(parents.values()), finished
+            for i, output in enumerate([*(earlier or []), self.make_output(state, status)]):
+                by_token.extend([] for _ in range(i + 1 - len(by_token)))
+                if output is not None:
+                    by_token[i].append((state, output))
+        return [_gather(entries) for entries in by_token], finished
 
     def final_output(self, state: RequestState, status: RequestStatus) -> list[RequestOutput]:
         """The output of a request finished outside a step's tokens (one that could never fit)."""
@@ -61,10 +61,11 @@ class OutputProcessor:
         parent.record(index, output)
         return _collect([parent])
 
-    def _advance(self, state: RequestState, result: ModelRunnerOutput, failed: dict[str, str]
-                 ) -> Optional[RequestStatus]:
-        """Take the request's prompt logprobs and token of this step; its status after them, or
-        FINISHED_ERROR (with why as its stop reason) when it failed in the workers or fails here."""
+    def _advance(self, state: RequestState, result: ModelRunnerOutput, failed: dict[str, str],
+                 earlier: Optional[list[Optional[RequestOutput]]] = None) -> Optional[RequestStatus]:
+        """Take the request's prompt logprobs and tokens of this step; its status after them, or
+        FINISHED_ERROR (with why as its stop reason) when it failed in the workers or fails here. `earlier`,
+        if given, receives the output after each new token but the last."""
         request_id = state.request_id
         if request_id not in failed:
             try:
@@ -74,14 +75,14 @@ class OutputProcessor:
                 if request_id not in result.sampled_token_ids:
                     return None
                 return self._add_tokens(state, len(result.sampled_token_ids[request_id]),
-                                        result.logprobs.get(request_id))
+                                        result.logprobs.get(request_id), earlier)
             except Exception as error:  # this request's own text or stop check: it fails alone
                 failed[request_id] = f"processing its output raised {type(error).__name__}: {error}"
         state.request.stop_reason = failed[request_id]
         return RequestStatus.FINISHED_ERROR
 
-    def _add_tokens(self, state: RequestState, num_new: int, logprobs: Optional[TokenLogprobs]
-                    ) -> Optional[RequestStatus]:
+    def _add_tokens(self, state: RequestState, num_new: int, logprobs: Optional[TokenLogprobs],
+                    earlier: Optional[list[Optional[RequestOutput]]] = None) -> Optional[RequestStatus]:
         """Take a step's new tokens (already appended) one at a time, as plain decoding would: a stop at one of
         them drops those after it."""
         if num_new == 1:
@@ -94,6 +95,8 @@ class OutputProcessor:
             status = self._add_token(state, entry)
             if status is not None:
                 break
+            if earlier is not None and i < num_new - 1:
+                earlier.append(self.make_output(state, None))
         return status
 
     def _add_token(self, state: RequestState, logprobs: Optional[TokenLogprobs]) -> Optional[RequestStatus]:
@@ -158,6 +161,19 @@ class OutputProcessor:
             prompt_token_ids=request.prompt_token_ids if first else None,
             prompt_logprobs=prompt_logprobs, outputs=[completion], finished=finished, metrics=state.metrics,
             lora_request=request.lora_request, num_cached_tokens=request.num_cached_tokens)
+
+
+def _gather(entries: list[tuple[RequestState, RequestOutput]]) -> list[RequestOutput]:
+    """The outputs of requests on their own, then those of n > 1 requests gathered from their samples'."""
+    outputs, parents = [], {}
+    for state, output in entries:
+        if state.parent is None:
+            outputs.append(output)
+            continue
+        parent, index = state.parent
+        parent.record(index, output)
+        parents[parent.request_id] = parent
+    return outputs + _collect(parents.values())
 
 
 def _collect(parents: Iterable[ParentRequest]) -> list[RequestOutput]:

@@ -41,8 +41,10 @@ class StatsCollector:
                 metrics.time_in_queue = now - metrics.arrival_time
 
     def on_tokens(self, scheduled: Iterable[Tracked], sampled_token_ids: dict[str, list[int]], execute_time: float,
-                  forward_time_ms: float) -> None:
-        """Record the step's new tokens: first-token and per-token latencies, token counts, model time."""
+                  forward_time_ms: float, per_token: bool = False) -> None:
+        """Record the step's new tokens: first-token and per-token latencies, token counts, model time. With
+        `per_token` (a multi-step group, whose tokens vLLM takes one step each) each token is one time per
+        output token, an equal share of the group's."""
         now = time.time()
         stats = self._stats
         for request, metrics in scheduled:
@@ -56,7 +58,8 @@ class StatsCollector:
                     stats.time_to_first_tokens_iter.append(now - metrics.arrival_time)
                     stats.num_prompt_tokens_iter += request.num_prompt_tokens
             elif self.collect:
-                stats.time_per_output_tokens_iter.append(now - metrics.last_token_time)
+                shares = len(sampled_token_ids[request.request_id]) if per_token else 1
+                stats.time_per_output_tokens_iter.extend([(now - metrics.last_token_time) / shares] * shares)
             metrics.last_token_time = now
         if self.collect:
             stats.num_generation_tokens_iter += sum(len(tokens) for tokens in sampled_token_ids.values())

@@ -23,6 +23,7 @@ from pagedllm.worker.cpu_graph import DecodeGraphs
 from pagedllm.worker.cuda_graph import PADDING_BLOCKS, CudaDecodeGraphs
 from pagedllm.worker.graph_dispatch import capture_sizes, graph_kind
 from pagedllm.worker.input_state import InputState, WorkerRequest
+from pagedllm.worker.multi_step import run_decode_steps
 
 
 # On CPU a step's tokens run in forward passes of at most this many (whole requests; one longer request
@@ -105,9 +106,13 @@ class ModelRunner:
         merged = ModelRunnerOutput({}, {}, {})
         if not scheduled:
             return merged
+        kv_caches = self.kv_caches[scheduler_output.virtual_engine]
+        if scheduler_output.decode_steps:
+            return run_decode_steps(lambda part: self._run(part, {}, kv_caches), [r for r, _ in scheduled],
+                                    scheduler_output.decode_steps)
         forward_ms = 0.0
         for part in _split(scheduled, self.tokens_per_forward):
-            output = self._run(part, scheduler_output.grammar_bitmasks, self.kv_caches[scheduler_output.virtual_engine])
+            output = self._run(part, scheduler_output.grammar_bitmasks, kv_caches)
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
             merged.prompt_logprobs.update(output.prompt_logprobs)
