@@ -109,7 +109,8 @@ def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
 def _vllm_comparison(args: argparse.Namespace, prompts: list[list[int]], output_len: int,
                      ours: dict[str, Any]) -> dict[str, Any]:
     """vLLM on the same prompts, under its own interpreter, and pagedllm's ratio to it."""
-    theirs = run_vllm(args.vllm_python, prompts, output_len, parse_pairs(args.vllm_engine_arg))
+    child_env = dict(pair.split("=", 1) for pair in args.vllm_env)
+    theirs = run_vllm(args.vllm_python, prompts, output_len, parse_pairs(args.vllm_engine_arg), child_env)
     tokens = theirs.pop("output_token_ids")
     theirs.update(_rates(len(prompts), len(prompts[0]), output_len, theirs.pop("elapsed_s"), tokens))
     ratio = ours["output_tokens_per_s"] / theirs["output_tokens_per_s"]
@@ -162,6 +163,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                              "after pagedllm, and prints the ratio")
     parser.add_argument("--vllm-engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an extra keyword for vLLM's LLM (repeatable; dtype is float32 unless given)")
+    parser.add_argument("--vllm-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable for vLLM's process only, e.g. LD_PRELOAD (repeatable)")
     parser.add_argument("--peak-gflops", type=float, default=190.0,
                         help="the machine's float32 matmul rate used for the compute limit")
     parser.add_argument("--num-scheduler-steps", type=int, default=None, metavar="N",

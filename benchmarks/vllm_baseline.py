@@ -21,15 +21,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 _RESULT_PREFIX = "VLLM_RESULT "
 
 
-def run_vllm(python: str, prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's figures on these prompts, from a subprocess of `python` (an interpreter with vLLM installed)."""
+def run_vllm(python: str, prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any],
+             child_env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """vLLM's figures on these prompts, from a subprocess of `python` (an interpreter with vLLM installed);
+    `child_env` is set in that process only (LD_PRELOAD for vLLM's allocator and OpenMP, say)."""
     folder = export_default_model()
-    env = {**os.environ}
+    env = {**os.environ, **(child_env or {})}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
     env.pop("PYTHONPATH", None)  # vLLM's own environment, not pagedllm's
