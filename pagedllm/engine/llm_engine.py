@@ -344,15 +344,17 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         failed.update(grammar_failed)
         self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, sampled, drafts)
         tracked = [(s.request, s.metrics) for s in scheduled]
-        self.stats.on_tokens(tracked, sampled, execute_time, result.model_forward_time,
-                             per_token=bool(scheduler_output.decode_steps))
         if scheduler_output.scheduled_spec_tokens:
             self.stats.on_spec_tokens(tracked, scheduler_output.scheduled_spec_tokens, sampled)
         each_token = bool(scheduler_output.decode_steps) and self.config.scheduler_config.multi_step_stream_outputs
-        by_token, finished = self.output_processor.process(scheduled, result, failed, each_token)
-        for status in set(finished.values()):
-            self._finish_requests([rid for rid, s in finished.items() if s == status], status)
-        return self.streamed_tokens.first(by_token)
+        tokens_time = time.time()
+        step = self.output_processor.process(scheduled, result, failed, each_token)
+        # Counted after the stop checks, so that tokens sampled past a stop are not generated tokens.
+        self.stats.on_tokens(tracked, step.num_new_tokens, execute_time, result.model_forward_time, tokens_time,
+                             per_token=bool(scheduler_output.decode_steps))
+        for status in set(step.finished.values()):
+            self._finish_requests([rid for rid, s in step.finished.items() if s == status], status)
+        return self.streamed_tokens.first(step.outputs_by_token)
 
     @staticmethod
     def _advance_grammars(scheduled: list[RequestState], result: ModelRunnerOutput
