@@ -14,6 +14,7 @@ class TextPrompt(TypedDict):
 class TokensPrompt(TypedDict):
     prompt_token_ids: list[int]
     prompt: NotRequired[str]
+    token_type_ids: NotRequired[list[int]]  # an encoder's token types (a text pair's second text is type 1)
     multi_modal_data: NotRequired[Any]
 
 
@@ -25,11 +26,13 @@ PromptType = Union[str, TextPrompt, TokensPrompt, EmbedsPrompt]
 
 
 class ParsedPrompt(NamedTuple):
-    """A prompt after parsing: exactly one of text, token ids or embeddings is the source."""
+    """A prompt after parsing: exactly one of text, token ids or embeddings is the source; token ids may come
+    with their token types."""
 
     text: Optional[str]
     token_ids: Optional[list[int]]
     embeds: Any = None
+    token_type_ids: Optional[list[int]] = None
 
 
 def checked_prompt_embeds(embeds: Any, hidden_size: int, enabled: bool) -> Any:
@@ -53,10 +56,11 @@ def parse_prompt(prompt: PromptType) -> ParsedPrompt:
         if prompt.get("multi_modal_data") is not None:
             raise ValueError("multi_modal_data is not supported by pagedllm: its models take text only.")
         if "prompt_token_ids" in prompt:
-            ids = prompt["prompt_token_ids"]
-            if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) for t in ids):
-                raise TypeError("prompt_token_ids must be a list of integers.")
-            return ParsedPrompt(prompt.get("prompt"), list(ids))
+            ids, types = prompt["prompt_token_ids"], prompt.get("token_type_ids")
+            for name, value in (("prompt_token_ids", ids), ("token_type_ids", types or [])):
+                if not isinstance(value, (list, tuple)) or not all(isinstance(t, int) for t in value):
+                    raise TypeError(f"{name} must be a list of integers.")
+            return ParsedPrompt(prompt.get("prompt"), list(ids), None, None if types is None else list(types))
         if "prompt_embeds" in prompt:
             return ParsedPrompt(None, None, prompt["prompt_embeds"])
         if "prompt" in prompt and isinstance(prompt["prompt"], str):

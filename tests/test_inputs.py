@@ -7,9 +7,10 @@ from pagedllm.inputs import parse_prompt
 
 
 def test_prompt_forms_parse_to_their_source():
-    assert parse_prompt("Hi") == ("Hi", None, None)
-    assert parse_prompt({"prompt": "Hi", "multi_modal_data": None}) == ("Hi", None, None)
+    assert parse_prompt("Hi") == ("Hi", None, None, None)
+    assert parse_prompt({"prompt": "Hi", "multi_modal_data": None}) == ("Hi", None, None, None)
     assert parse_prompt({"prompt_token_ids": [1, 2]}).token_ids == [1, 2]
+    assert parse_prompt({"prompt_token_ids": [1, 2], "token_type_ids": [0, 1]}).token_type_ids == [0, 1]
 
 
 @pytest.mark.parametrize("prompt", [{"prompt": "Describe", "multi_modal_data": {"image": object()}},

@@ -20,7 +20,7 @@ from pagedllm.engine.pooling import check_params_kind, pooling_output, prepare_p
 from pagedllm.engine.request_state import RequestState
 from pagedllm.engine.sleep_mode import SleepModeMixin
 from pagedllm.executor import ExecutorBase
-from pagedllm.inputs import PromptType, checked_prompt_embeds, parse_prompt
+from pagedllm.inputs import ParsedPrompt, PromptType, checked_prompt_embeds, parse_prompt
 from pagedllm.lora.engine_methods import LoRAEngineMixin
 from pagedllm.metrics.collector import StatsCollector
 from pagedllm.metrics.loggers import StatLoggerBase
@@ -130,13 +130,16 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
             self.check_lora_request(lora_request)
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(f"Got priority {priority} but Priority scheduling is not enabled.")
-        text, token_ids, embeds = self._prompt_token_ids(prompt, tokenization_kwargs)
+        text, token_ids, embeds, token_type_ids = self._parse_prompt(prompt, tokenization_kwargs)
         if isinstance(params, PoolingParams):
             if embeds is not None:
                 raise ValueError("Prompt embeddings are not supported by pooling requests; pass text or token ids.")
             params = prepare_pooling_params(params, token_ids, self.model_config,
-                                            self.config.scheduler_config.max_num_batched_tokens)
+                                            self.config.scheduler_config.max_num_batched_tokens, token_type_ids)
         else:
+            if token_type_ids is not None:
+                raise ValueError("token_type_ids are read only by encoder models (BERT) run with a pooling task; "
+                                 "this model generates text and takes no token types.")
             params = self._prepare_params(params, token_ids)
             if embeds is not None:
                 embeds = self._embeds_params(embeds, params, len(token_ids))
@@ -161,22 +164,21 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         if parent is not None:
             self.parents[request_id] = parent
 
-    def _prompt_token_ids(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]
-                          ) -> tuple[Optional[str], list[int], Any]:
-        """The prompt's text, its token ids and its embeddings (then the token ids are placeholders, 0 per
-        position: the scheduler counts them, the prefix cache skips such requests)."""
+    def _parse_prompt(self, prompt: PromptType, tokenization_kwargs: Optional[dict[str, Any]]) -> ParsedPrompt:
+        """The prompt with its token ids always set (tokenized from its text if need be) and its embeddings
+        checked (then the token ids are placeholders, 0 per position: the scheduler counts them, the prefix
+        cache skips such requests)."""
         parsed = parse_prompt(prompt)
         if parsed.embeds is not None:
             embeds = checked_prompt_embeds(parsed.embeds, self.model_config.hf_config.hidden_size,
                                            self.model_config.enable_prompt_embeds)
-            return None, [0] * embeds.shape[0], embeds
-        token_ids = parsed.token_ids
-        if token_ids is None:
+            return parsed._replace(token_ids=[0] * embeds.shape[0], embeds=embeds)
+        if parsed.token_ids is None:
             if self.tokenizer is None:
                 raise ValueError("A text prompt needs the tokenizer, but skip_tokenizer_init=True; "
                                  "pass prompt_token_ids instead.")
-            token_ids = self.tokenizer.encode(parsed.text, **(tokenization_kwargs or {}))
-        return parsed.text, token_ids, None
+            return parsed._replace(token_ids=self.tokenizer.encode(parsed.text, **(tokenization_kwargs or {})))
+        return parsed
 
     @staticmethod
     def _embeds_params(embeds: Any, params: SamplingParams, num_tokens: int) -> Any:
@@ -344,15 +346,17 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         failed.update(grammar_failed)
         self.schedulers[scheduler_output.virtual_engine].update_from_output(scheduler_output, sampled, drafts)
         tracked = [(s.request, s.metrics) for s in scheduled]
-        self.stats.on_tokens(tracked, sampled, execute_time, result.model_forward_time,
-                             per_token=bool(scheduler_output.decode_steps))
         if scheduler_output.scheduled_spec_tokens:
             self.stats.on_spec_tokens(tracked, scheduler_output.scheduled_spec_tokens, sampled)
         each_token = bool(scheduler_output.decode_steps) and self.config.scheduler_config.multi_step_stream_outputs
-        by_token, finished = self.output_processor.process(scheduled, result, failed, each_token)
-        for status in set(finished.values()):
-            self._finish_requests([rid for rid, s in finished.items() if s == status], status)
-        return self.streamed_tokens.first(by_token)
+        tokens_time = time.time()
+        step = self.output_processor.process(scheduled, result, failed, each_token)
+        # Counted after the stop checks, so that tokens sampled past a stop are not generated tokens.
+        self.stats.on_tokens(tracked, step.num_new_tokens, execute_time, result.model_forward_time, tokens_time,
+                             per_token=bool(scheduler_output.decode_steps))
+        for status in set(step.finished.values()):
+            self._finish_requests([rid for rid, s in step.finished.items() if s == status], status)
+        return self.streamed_tokens.first(step.outputs_by_token)
 
     @staticmethod
     def _advance_grammars(scheduled: list[RequestState], result: ModelRunnerOutput

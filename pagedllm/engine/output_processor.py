@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 from pagedllm.core.request import RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
@@ -11,6 +11,16 @@ from pagedllm.engine.request_state import RequestState
 from pagedllm.engine.stop_checker import check_stop, held_back_length
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.sampling_params import RequestOutputKind
+
+
+class ProcessedStep(NamedTuple):
+    """What a step's tokens made: the outputs after each token (one list unless multi-step streams them), the
+    requests that finished with their status, and how many new tokens each request kept: those after a stop
+    in a multi-step group or an accepted speculative run are dropped, as plain decoding never sampled them."""
+
+    outputs_by_token: list[list[RequestOutput]]
+    finished: dict[str, RequestStatus]
+    num_new_tokens: dict[str, int]
 
 
 class OutputProcessor:
@@ -28,20 +38,24 @@ class OutputProcessor:
         self._token_text.clear()
 
     def process(self, states: list[RequestState], result: ModelRunnerOutput, failed: dict[str, str],
-                           each_token: bool = True) -> tuple[list[list[RequestOutput]], dict[str, RequestStatus]]:
-        """Outputs of this step, and the requests that finished with their status. The requests in `failed`
+                each_token: bool = True) -> ProcessedStep:
+        """Outputs of this step, the requests that finished and the tokens each kept. The requests in `failed`
         (id -> why) finish with an error, as does one whose detokenizing or stop check raises. With several
         tokens per request (multi-step) list i holds the outputs after each request's (i+1)-th new token
         (`each_token`); otherwise there is one list."""
         by_token: list[list[tuple[RequestState, RequestOutput]]] = []
-        finished = {}
+        finished, num_new_tokens = {}, {}
         for state in states:
             request_id = state.request_id
             sampled = request_id in result.sampled_token_ids
             if not sampled and request_id not in failed and request_id not in result.prompt_logprobs:
                 continue
             earlier: Optional[list[Optional[RequestOutput]]] = [] if each_token else None
+            num_output_tokens = state.request.num_output_tokens  # the step's tokens already appended
             status = self._advance(state, result, failed, earlier)
+            if sampled:
+                dropped = num_output_tokens - state.request.num_output_tokens
+                num_new_tokens[request_id] = len(result.sampled_token_ids[request_id]) - dropped
             if status is None and not sampled:  # a prompt chunk's logprobs: kept for the first output
                 continue
             if status is not None:
@@ -50,7 +64,7 @@ class OutputProcessor:
                 by_token.extend([] for _ in range(i + 1 - len(by_token)))
                 if output is not None:
                     by_token[i].append((state, output))
-        return [_gather(entries) for entries in by_token], finished
+        return ProcessedStep([_gather(entries) for entries in by_token], finished, num_new_tokens)
 
     def final_output(self, state: RequestState, status: RequestStatus) -> list[RequestOutput]:
         """The output of a request finished outside a step's tokens (one that could never fit)."""

@@ -34,9 +34,10 @@ def check_params_kind(params: Any, model_config: ModelConfig) -> None:
 
 
 def prepare_pooling_params(params: PoolingParams, token_ids: list[int], model_config: ModelConfig,
-                           max_num_batched_tokens: int) -> PoolingParams:
-    """A copy of `params` with its task set and checked, the prompt truncated if asked and checked: a
-    pooling model runs the whole prompt in one pass, so it must fit both the model and one step."""
+                           max_num_batched_tokens: int, token_type_ids: Optional[list[int]] = None) -> PoolingParams:
+    """A copy of `params` with its task set and checked, the prompt's token types (from the prompt's
+    `token_type_ids`, if given) in its extra_kwargs, the prompt truncated if asked and checked: a pooling model
+    runs the whole prompt in one pass, so it must fit both the model and one step."""
     default_task = model_config.task if model_config.task in ("embed", "classify", "score") else "encode"
     params = params.with_task(params.task or default_task)
     served = [t for t in _REQUEST_TASKS[model_config.task]
@@ -45,6 +46,8 @@ def prepare_pooling_params(params: PoolingParams, token_ids: list[int], model_co
         raise ValueError(f"This model runs task={model_config.task!r} and cannot serve {params.task!r} requests; "
                          f"it serves: {', '.join(served)}.")
     params.verify(params.task, model_config.hf_config.hidden_size)
+    if token_type_ids is not None:
+        _take_token_types(params, token_type_ids, len(token_ids), model_config)
     if params.truncate_prompt_tokens is not None:
         _truncate_token_types(params, len(token_ids) - params.truncate_prompt_tokens)
         del token_ids[:-params.truncate_prompt_tokens]
@@ -66,12 +69,38 @@ def _truncate_token_types(params: PoolingParams, removed: int) -> None:
         params.extra_kwargs = {**params.extra_kwargs, TOKEN_TYPE_SPLIT: max(0, split - removed)}
 
 
+def _take_token_types(params: PoolingParams, token_type_ids: list[int], num_tokens: int,
+                      model_config: ModelConfig) -> None:
+    """Carry a prompt's token types the way a text pair's travel: the index of the first token of type 1
+    (none when every token is of type 0), so the types must be zeros then ones, as vLLM compresses them."""
+    _check_reads_token_types(model_config)
+    if TOKEN_TYPE_SPLIT in (params.extra_kwargs or {}):
+        raise ValueError(f"Give a prompt's token_type_ids or extra_kwargs[{TOKEN_TYPE_SPLIT!r}], not both.")
+    if len(token_type_ids) != num_tokens:
+        raise ValueError(f"token_type_ids must have one entry per prompt token: got {len(token_type_ids)} for "
+                         f"{num_tokens} prompt_token_ids.")
+    type_vocab_size = model_config.hf_config.type_vocab_size
+    outside = sorted({t for t in token_type_ids if not 0 <= t < type_vocab_size})
+    if outside:
+        raise ValueError(f"token_type_ids must be within the model's type_vocab_size ({type_vocab_size}): "
+                         f"0 to {type_vocab_size - 1}, got {outside}.")
+    split = token_type_ids.index(1) if 1 in token_type_ids else num_tokens
+    if any(t != (i >= split) for i, t in enumerate(token_type_ids)):
+        raise ValueError("token_type_ids must be zeros then ones (a text pair's first text, then its second).")
+    if split < num_tokens:
+        params.extra_kwargs = {**(params.extra_kwargs or {}), TOKEN_TYPE_SPLIT: split}
+
+
+def _check_reads_token_types(model_config: ModelConfig) -> None:
+    if not is_encoder(model_config.hf_config):
+        raise ValueError("token_type_ids are only read by encoder models (BERT); this model has no token types.")
+
+
 def _check_token_types(params: PoolingParams, num_tokens: int, model_config: ModelConfig) -> None:
     split = (params.extra_kwargs or {}).get(TOKEN_TYPE_SPLIT)
     if split is None:
         return
-    if not is_encoder(model_config.hf_config):
-        raise ValueError("token_type_ids are only read by encoder models (BERT); this model has no token types.")
+    _check_reads_token_types(model_config)
     if not isinstance(split, int) or not 0 <= split <= num_tokens:
         raise ValueError(f"extra_kwargs[{TOKEN_TYPE_SPLIT!r}] must be a token index within the prompt "
                          f"(0 to {num_tokens}), got {split!r}.")

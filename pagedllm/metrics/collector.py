@@ -40,17 +40,17 @@ class StatsCollector:
                 metrics.first_scheduled_time = now
                 metrics.time_in_queue = now - metrics.arrival_time
 
-    def on_tokens(self, scheduled: Iterable[Tracked], sampled_token_ids: dict[str, list[int]], execute_time: float,
-                  forward_time_ms: float, per_token: bool = False) -> None:
-        """Record the step's new tokens: first-token and per-token latencies, token counts, model time. With
-        `per_token` (a multi-step group, whose tokens vLLM takes one step each) each token is one time per
-        output token, an equal share of the group's."""
-        now = time.time()
+    def on_tokens(self, scheduled: Iterable[Tracked], num_new_tokens: dict[str, int], execute_time: float,
+                  forward_time_ms: float, now: float, per_token: bool = False) -> None:
+        """Record the step's new tokens, those the output processor kept (id -> count), which arrived at
+        `now`: first-token and per-token latencies, token counts, model time. With `per_token` (a multi-step
+        group, whose tokens vLLM takes one step each) each token is one time per output token, an equal share
+        of the group's."""
         stats = self._stats
         for request, metrics in scheduled:
             metrics.model_execute_time = (metrics.model_execute_time or 0.0) + execute_time
             metrics.model_forward_time = (metrics.model_forward_time or 0.0) + forward_time_ms
-            if request.request_id not in sampled_token_ids:
+            if request.request_id not in num_new_tokens:
                 continue
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
@@ -58,11 +58,11 @@ class StatsCollector:
                     stats.time_to_first_tokens_iter.append(now - metrics.arrival_time)
                     stats.num_prompt_tokens_iter += request.num_prompt_tokens
             elif self.collect:
-                shares = len(sampled_token_ids[request.request_id]) if per_token else 1
+                shares = num_new_tokens[request.request_id] if per_token else 1
                 stats.time_per_output_tokens_iter.extend([(now - metrics.last_token_time) / shares] * shares)
             metrics.last_token_time = now
         if self.collect:
-            stats.num_generation_tokens_iter += sum(len(tokens) for tokens in sampled_token_ids.values())
+            stats.num_generation_tokens_iter += sum(num_new_tokens.values())
 
     def on_spec_tokens(self, scheduled: Iterable[Tracked], proposed: dict[str, list[int]],
                        sampled_token_ids: dict[str, list[int]]) -> None:

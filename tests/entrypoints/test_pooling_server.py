@@ -1,5 +1,6 @@
 """The pooling endpoints of `pagedllm serve --task embed` through the openai client and httpx, of a cross-encoder
-(a one-label BERT classifier), and their refusal by a generating model."""
+(a one-label BERT classifier) and of a multi-label classifier (which classifies but cannot score), and their refusal
+by a generating model."""
 from __future__ import annotations
 
 import base64
@@ -144,3 +145,32 @@ def test_a_cross_encoder_serves_classify_score_and_rerank(cross_encoder):
         assert data["probs"] == pytest.approx(single_logits.sigmoid().tolist(), abs=1e-5)
     refused = http.post("/v1/embeddings", json={"input": "text"})
     assert refused.status_code == 400 and "does not support the Embeddings API" in refused.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def multi_label_classifier(tmp_path_factory, launch_server):
+    """(server, transformers model, tokenizer) of a tiny 3-label BERT classifier served with --task auto."""
+    folder, model, tokenizer = bert_classifier_folder(tmp_path_factory.mktemp("multi-label"), 3)
+    with launch_server(tmp_path_factory.mktemp("multi-label-server"), [folder, "--api-key", API_KEY]) as server:
+        yield server, model, tokenizer
+
+
+def test_a_multi_label_classifier_classifies_but_cannot_score(multi_label_classifier):
+    server, model, tokenizer = multi_label_classifier
+    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    # As in vLLM, scoring a pair takes a classifier with one label.
+    refused = [("/score", {"text_1": TEXTS[0], "text_2": TEXTS[1:]}), ("/v1/score", {"text_1": "a", "text_2": "b"}),
+               ("/rerank", {"query": TEXTS[0], "documents": TEXTS[1:]}),
+               ("/v2/rerank", {"query": "a", "documents": ["b"]})]
+    for path, body in refused:
+        response = http.post(path, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert "its classifier has 3 labels, and scoring a pair in one pass needs one" in error["message"]
+        assert error["param"] == "model"
+    with torch.no_grad():
+        logits = torch.stack([model(**tokenizer(text, return_tensors="pt")).logits[0] for text in TEXTS])
+    data = http.post("/classify", json={"input": TEXTS}).json()["data"]
+    assert [d["num_classes"] for d in data] == [3] * len(TEXTS)
+    assert [d["probs"] for d in data] == [pytest.approx(row, abs=1e-5) for row in logits.softmax(-1).tolist()]
+    assert [d["label"] for d in data] == [f"label_{i}" for i in logits.argmax(-1).tolist()]

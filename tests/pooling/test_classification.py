@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm import LLM, PoolingParams
+from pagedllm import LLM, PoolingParams, SamplingParams, TokensPrompt
 from tests.pooling.sentences import SENTENCES
 
 QUERY = "Where is the Eiffel Tower?"
@@ -74,6 +74,52 @@ def test_cross_encoder_truncation_keeps_the_token_types(cross_encoder_llm, bert_
     assert abs(output.outputs.score - expected.item()) < 1e-5
 
 
+def test_token_type_ids_of_a_tokens_prompt_equal_the_pair_score(cross_encoder_llm, bert_cross_encoder):
+    _, model, tokenizer = bert_cross_encoder
+    pairs = [tokenizer(QUERY, document) for document in DOCUMENTS]
+    prompts = [TokensPrompt(prompt_token_ids=p["input_ids"], token_type_ids=p["token_type_ids"]) for p in pairs]
+    scores = [o.outputs.score for o in cross_encoder_llm.score(QUERY, DOCUMENTS, use_tqdm=False)]
+    probs = [o.outputs.probs[0] for o in cross_encoder_llm.classify(prompts, use_tqdm=False)]
+    raw = cross_encoder_llm.encode(prompts, PoolingParams(softmax=False), use_tqdm=False)
+    logits = torch.stack([_hf_logits(model, pair)[0] for pair in pairs])
+    assert probs == pytest.approx(scores, abs=1e-6)
+    assert torch.allclose(torch.tensor(probs), logits.sigmoid(), atol=1e-5)
+    assert torch.allclose(torch.stack([o.outputs.data[0] for o in raw]), logits, atol=1e-4)
+    # All zeros is the same as no token types, which gives other logits than the pair's.
+    untyped = cross_encoder_llm.classify([{"prompt_token_ids": p["input_ids"]} for p in pairs], use_tqdm=False)
+    zeros = cross_encoder_llm.classify([{**p, "token_type_ids": [0] * len(p["prompt_token_ids"])} for p in prompts],
+                                       use_tqdm=False)
+    assert [o.outputs.probs for o in zeros] == [o.outputs.probs for o in untyped]
+    assert max(abs(a.outputs.probs[0] - b) for a, b in zip(untyped, probs)) > 1e-3
+
+
+@pytest.mark.parametrize("types, message", [
+    (lambda n: [0] * (n - 1), "token_type_ids must have one entry per prompt token: got 4 for 5"),
+    (lambda n: [0, 0, 1, 2, 2], r"within the model's type_vocab_size \(2\): 0 to 1, got \[2\]"),
+    (lambda n: [0, 1, 1, 0, 1], "token_type_ids must be zeros then ones"),
+    (lambda n: [0, 0, "1", 1, 1], "token_type_ids must be a list of integers"),
+])
+def test_bad_token_type_ids_are_refused(cross_encoder_llm, types, message):
+    ids = [101, 2054, 102, 2003, 102]
+    with pytest.raises((ValueError, TypeError), match=message):
+        cross_encoder_llm.classify(TokensPrompt(prompt_token_ids=ids, token_type_ids=types(len(ids))),
+                                   use_tqdm=False)
+    assert cross_encoder_llm.classify({"prompt_token_ids": ids}, use_tqdm=False)[0].outputs.num_classes == 1
+
+
+def test_token_types_come_one_way_at_a_time(cross_encoder_llm):
+    with pytest.raises(ValueError, match="token_type_ids or extra_kwargs"):
+        cross_encoder_llm.encode(TokensPrompt(prompt_token_ids=[101, 2054, 102, 2003, 102],
+                                              token_type_ids=[0, 0, 0, 1, 1]),
+                                 PoolingParams(extra_kwargs={"compressed_token_type_ids": 3}), use_tqdm=False)
+
+
+def test_models_without_token_types_refuse_them(llm, tokenizer):
+    prompt = TokensPrompt(prompt_token_ids=tokenizer.encode("Hello there"), token_type_ids=[0, 0])
+    with pytest.raises(ValueError, match="token_type_ids are read only by encoder models .* generates text"):
+        llm.generate(prompt, SamplingParams(max_tokens=2), use_tqdm=False)
+
+
 def test_llama_cross_encoder_matches_transformers(llama_cross_encoder):
     folder, model, tokenizer = llama_cross_encoder
     llm = LLM(folder)
@@ -84,6 +130,9 @@ def test_llama_cross_encoder_matches_transformers(llama_cross_encoder):
     probs = llm.classify(SENTENCES[:5], use_tqdm=False)
     single = torch.stack([_hf_logits(model, {"input_ids": tokenizer(s)["input_ids"]}) for s in SENTENCES[:5]])
     assert torch.allclose(torch.tensor([o.outputs.probs for o in probs]), single.sigmoid(), atol=1e-5)
+    ids = tokenizer("a", "b")["input_ids"]
+    with pytest.raises(ValueError, match="token_type_ids are only read by encoder models"):
+        llm.classify(TokensPrompt(prompt_token_ids=ids, token_type_ids=[0] * len(ids)), use_tqdm=False)
 
 
 def test_wrong_task_for_a_classifier_is_refused(classifier_llm, bert_classifier, llm):

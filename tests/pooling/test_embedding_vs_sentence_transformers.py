@@ -73,3 +73,17 @@ def test_token_id_prompts_equal_text_prompts(embed_llm):
     by_text = embed_llm.embed(SENTENCES[6], use_tqdm=False)[0]
     assert by_ids.prompt_token_ids == ids
     assert torch.allclose(torch.tensor(by_ids.outputs.embedding), torch.tensor(by_text.outputs.embedding))
+
+
+def test_token_type_ids_reach_the_embedder(embed_llm, st_model):
+    tokenizer = embed_llm.get_tokenizer()
+    pair = tokenizer(SENTENCES[0], SENTENCES[1])
+    assert 1 in pair["token_type_ids"]
+    typed, untyped = embed_llm.embed([{"prompt_token_ids": pair["input_ids"], "token_type_ids": pair["token_type_ids"]},
+                                      {"prompt_token_ids": pair["input_ids"]}], use_tqdm=False)
+    with torch.no_grad():  # the same folder's transformers model, mean-pooled and normalized as the model's config says
+        hidden = st_model[0].auto_model(**{k: torch.tensor([v]) for k, v in pair.items()}).last_hidden_state[0]
+    expected = torch.nn.functional.normalize(hidden.mean(0), dim=0)
+    ours = torch.tensor(typed.outputs.embedding)
+    assert torch.nn.functional.cosine_similarity(ours, expected, dim=0) > MIN_COSINE
+    assert torch.nn.functional.cosine_similarity(ours, torch.tensor(untyped.outputs.embedding), dim=0) < MIN_COSINE
