@@ -147,17 +147,19 @@ DEFINE_TILE(tile_i8, int8_t, load_i8)
             return;                                                                                          \
         }                                                                                                    \
         int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, spread = tiles < SPREAD ? tiles : SPREAD;        \
-        int64_t tile_rows = (rows + tiles - 1) / tiles; /* as even as can be: 8 rows as 4 and 4, not 6 and 2 */ \
+        /* Tiles as even as can be, sizes one apart: 8 rows as 4 and 4, not 6 and 2; 128 as 18 tiles of 6 and 4   \
+         * of 5, not 21 of 6 and one of 2, whose 4 sums in flight cannot keep the multiply-adds busy. */        \
+        const int64_t small = rows / tiles, large = rows % tiles; /* the first `large` take a row more */    \
         int step = (row_bytes + spread - 1) / spread;                                                        \
         for (int64_t p = 0; p < panels; p++) {                                                               \
             const WEIGHT *one = panel + p * panel_size;                                                      \
             const char *from = source + p * panel_size * sizeof(WEIGHT);                                     \
             const float *one_scales = scales ? scales + p * PANEL : 0;                                       \
-            for (int64_t m = start, t = 0; m < end; m += tile_rows, t++) {                                   \
-                int rows = end - m < tile_rows ? end - m : tile_rows;                                        \
+            for (int64_t m = start, t = 0; t < tiles; m += small + (t < large), t++) {                       \
+                const int tile_rows = small + (t < large);                                                   \
                 const char *prefetch = tiles == 1 ? from + PREFETCH_BYTES                                    \
                                        : t < spread ? from + (row_bytes + t * step) * k_in : 0;              \
-                FOR_ROWS(TILE, rows, x + m * k_in, one, panel_size, one_scales, out + m * n_out + p * PANEL, \
+                FOR_ROWS(TILE, tile_rows, x + m * k_in, one, panel_size, one_scales, out + m * n_out + p * PANEL, \
                          n_out, k_in, prefetch, step)                                                        \
             }                                                                                                \
         }                                                                                                    \
