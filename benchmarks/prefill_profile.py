@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import default_model_flops, load_workload, machine_info, token_prompts, write_result  # noqa: E402
+from benchmarks.common import (default_model_flops, load_workload, machine_info, token_prompts,  # noqa: E402
+                               write_result)
 from benchmarks.machine_limits import cpu_flags, matmul_rate  # noqa: E402
 
 WARMUP = 2
@@ -83,7 +84,8 @@ def profile(prompts: list[list[int]]) -> dict[str, Any]:
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=20, help="prompts timed (after two warm-up prompts)")
-    parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/prefill_profile-<time>.json)")
+    parser.add_argument("--output", default=None,
+                        help="JSON file (default: benchmarks/results/prefill_profile-<time>.json)")
     args = parser.parse_args(argv)
     import torch
 
