@@ -6,6 +6,8 @@ its inputs in order, whatever the number of rows), the element-wise kernels row 
 every query token, prefill or decode, by the same kernel over the cached keys block by block."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -30,6 +32,29 @@ def test_panel_linear_row_is_the_same_in_any_batch(rows, panels):
     batched = kernel.float32(x, weight)
     for row in (0, rows // 2, rows - 1):
         assert torch.equal(kernel.float32(x[row:row + 1], weight)[0], batched[row])
+
+
+@pytest.mark.parametrize("rows", [1, 128, 300])
+def test_panel_linear_is_the_same_on_any_number_of_threads(rows):
+    """More threads than cores: threads held up by the others hand their panels over (work stealing), which
+    must neither skip nor repeat a panel, nor change a result."""
+    kernel = cpu_kernels.load_packed_linear()
+    if kernel is None:
+        pytest.skip("no C compiler built the panel kernel")
+    torch.manual_seed(0)
+    dense = torch.randn(40 * kernel.panel, 576)
+    weight, int8_weight, scales = kernel.pack(dense), kernel.pack(dense.to(torch.int8)), torch.rand(dense.shape[0])
+    x = torch.randn(rows, 576)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = kernel.float32(x, weight), kernel.int8(x, int8_weight, scales)
+        torch.set_num_threads(4 * (os.cpu_count() or 1) + 1)
+        for _ in range(20):
+            assert torch.equal(kernel.float32(x, weight), alone[0])
+            assert torch.equal(kernel.int8(x, int8_weight, scales), alone[1])
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_attention_token_is_the_same_in_any_batch():

@@ -2,7 +2,9 @@
  *
  * In PyTorch each of these is several operators (RMSNorm after the residual add, the rotary embedding and
  * the cache write, SiLU times up), and at decode, with few rows, dispatching them costs more than their
- * arithmetic. Rows run in parallel once there are enough of them to pay for waking the threads.
+ * arithmetic. Rows run in parallel once there are enough of them to pay for waking the threads, handed out
+ * in shrinking chunks (guided): a thread that other work on the machine holds up leaves its rows to the
+ * others instead of holding up the call. A row's result does not depend on the thread that computes it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -18,7 +20,7 @@
 /* residual += x (where residual is given), then out = norm(residual or x) * weight; rows of `hidden`. */
 void add_rms_norm(const float *x, float *residual, const float *weight, float *out, int64_t rows, int64_t hidden,
                   float eps) {
-#pragma omp parallel for if (rows >= PARALLEL_ROWS)
+#pragma omp parallel for if (rows >= PARALLEL_ROWS) schedule(guided)
     for (int64_t r = 0; r < rows; r++) {
         const float *src = x + r * hidden;
         if (residual) {
@@ -42,7 +44,7 @@ void rope_and_cache(float *qkv, const float *restrict cos_table, const float *re
                     const int64_t *positions, const int64_t *slots, float *restrict k_cache, float *restrict v_cache,
                     int64_t tokens, int64_t heads, int64_t kv_heads, int64_t cache_slots, int64_t head_dim) {
     const int64_t stride = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
-#pragma omp parallel for if (tokens >= PARALLEL_ROWS)
+#pragma omp parallel for if (tokens >= PARALLEL_ROWS) schedule(guided)
     for (int64_t t = 0; t < tokens; t++) {
         float *row = qkv + t * stride;
         const float *c = cos_table + positions[t] * head_dim, *s = sin_table + positions[t] * head_dim;
@@ -64,7 +66,7 @@ void rope_and_cache(float *qkv, const float *restrict cos_table, const float *re
 
 /* out [rows, size] = silu(gate) * up, where gate_up [rows, 2 * size] holds gate then up. */
 void silu_and_mul(const float *gate_up, float *out, int64_t rows, int64_t size) {
-#pragma omp parallel for if (rows >= PARALLEL_ROWS)
+#pragma omp parallel for if (rows >= PARALLEL_ROWS) schedule(guided)
     for (int64_t r = 0; r < rows; r++) {
         const float *gate = gate_up + r * 2 * size, *up = gate + size;
         float *dst = out + r * size;

@@ -4,8 +4,8 @@
  * contiguous, so that one step of k reads one short contiguous row of the panel. A tile of TILE_ROWS rows of
  * x times one panel keeps all its sums in vector registers (TILE_ROWS x PANEL_VECS of them): each weight
  * loaded serves TILE_ROWS rows, each element of x loaded (broadcast) serves PANEL columns, and every output is
- * summed over k in order, as a plain dot product would. The threads split the panels, so each weight is read
- * from memory once per call.
+ * summed over k in order, as a plain dot product would. The threads share out the panels (work_shares.h), so
+ * each weight is read from memory once per call.
  *
  * Measured against MKL's sgemm on [in, out] weights (Xeon, AVX-512, the default model's four layer shapes,
  * weights read from memory): the same time at one row (both stream the weights at the memory's rate), 1.7x
@@ -24,6 +24,7 @@
 #include <stdlib.h>
 
 #include "entry.h"
+#include "work_shares.h"
 
 #if defined(__AVX512F__)
 #define VEC 16       /* floats per vector register */
@@ -146,17 +147,19 @@ DEFINE_TILE(tile_i8, int8_t, load_i8)
             return;                                                                                          \
         }                                                                                                    \
         int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, spread = tiles < SPREAD ? tiles : SPREAD;        \
-        int64_t tile_rows = (rows + tiles - 1) / tiles; /* as even as can be: 8 rows as 4 and 4, not 6 and 2 */ \
+        /* Tiles as even as can be, sizes one apart: 8 rows as 4 and 4, not 6 and 2; 128 as 18 tiles of 6 and 4   \
+         * of 5, not 21 of 6 and one of 2, whose 4 sums in flight cannot keep the multiply-adds busy. */        \
+        const int64_t small = rows / tiles, large = rows % tiles; /* the first `large` take a row more */    \
         int step = (row_bytes + spread - 1) / spread;                                                        \
         for (int64_t p = 0; p < panels; p++) {                                                               \
             const WEIGHT *one = panel + p * panel_size;                                                      \
             const char *from = source + p * panel_size * sizeof(WEIGHT);                                     \
             const float *one_scales = scales ? scales + p * PANEL : 0;                                       \
-            for (int64_t m = start, t = 0; m < end; m += tile_rows, t++) {                                   \
-                int rows = end - m < tile_rows ? end - m : tile_rows;                                        \
+            for (int64_t m = start, t = 0; t < tiles; m += small + (t < large), t++) {                       \
+                const int tile_rows = small + (t < large);                                                   \
                 const char *prefetch = tiles == 1 ? from + PREFETCH_BYTES                                    \
                                        : t < spread ? from + (row_bytes + t * step) * k_in : 0;              \
-                FOR_ROWS(TILE, rows, x + m * k_in, one, panel_size, one_scales, out + m * n_out + p * PANEL, \
+                FOR_ROWS(TILE, tile_rows, x + m * k_in, one, panel_size, one_scales, out + m * n_out + p * PANEL, \
                          n_out, k_in, prefetch, step)                                                        \
             }                                                                                                \
         }                                                                                                    \
@@ -165,29 +168,27 @@ DEFINE_TILE(tile_i8, int8_t, load_i8)
 DEFINE_PANEL_ROWS(panel_rows_f32, tile_f32, float)
 DEFINE_PANEL_ROWS(panel_rows_i8, tile_i8, int8_t)
 
-/* The calling thread's share [first, last) of `panels`: contiguous and as even as can be. (Splitting groups of
- * PANELS_PER_TILE panels instead would give one thread a whole group more: 5 against 4 of the 9 groups of a
- * 576-column layer.) */
-static void thread_panels(int64_t panels, int64_t *first, int64_t *last) {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    *first = panels * me / threads;
-    *last = panels * (me + 1) / threads;
+/* The row chunks of a call and the work shares (work_shares.h) of each chunk's panels, one per thread: a chunk's
+ * panels are done before the next chunk's, so that its rows stay in the cache while the panels stream by. */
+static int64_t row_chunks(int64_t rows) { return (rows + CHUNK_ROWS - 1) / CHUNK_ROWS; }
+
+static work_share *panel_shares(int64_t rows, int64_t panels, int64_t threads) {
+    work_share *shares = work_shares(row_chunks(rows) * threads);
+    for (int64_t c = 0; c < row_chunks(rows); c++) work_shares_init(shares + c * threads, threads, panels);
+    return shares;
 }
 
 void packed_linear_f32(const float *x, const float *w, float *out, int64_t rows, int64_t n_out, int64_t k_in) {
-    int64_t panels = n_out / PANEL, panel_size = PANEL * k_in;
+    const int64_t panels = n_out / PANEL, panel_size = PANEL * k_in, threads = omp_get_max_threads();
+    work_share *shares = panel_shares(rows, panels, threads);
 #pragma omp parallel
-    {
-        int64_t first, last;
-        thread_panels(panels, &first, &last);
-        for (int64_t start = 0; start < rows; start += CHUNK_ROWS) {
-            int64_t end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
-            const int64_t group = PANELS_PER_TILE(end - start);
-            for (int64_t p = first; p < last; p += group)
-                panel_rows_f32(x, w + p * panel_size, panel_size, last - p < group ? last - p : group, 0,
-                               out + p * PANEL, start, end, n_out, k_in, (const char *)(w + p * panel_size),
-                               sizeof(float) * PANEL);
-        }
+    for (int64_t c = 0; c < row_chunks(rows); c++) {
+        const int64_t start = c * CHUNK_ROWS, end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
+        int64_t p, taken;
+        while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(),
+                                     PANELS_PER_TILE(end - start), &taken)) >= 0)
+            panel_rows_f32(x, w + p * panel_size, panel_size, taken, 0, out + p * PANEL, start, end, n_out, k_in,
+                           (const char *)(w + p * panel_size), sizeof(float) * PANEL);
     }
 }
 
@@ -206,20 +207,20 @@ static float *thread_buffer(int64_t floats) {
 
 void packed_linear_i8(const float *x, const int8_t *w, const float *scales, float *out, int64_t rows,
                       int64_t n_out, int64_t k_in) {
-    int64_t panels = n_out / PANEL, panel_size = PANEL * k_in;
+    const int64_t panels = n_out / PANEL, panel_size = PANEL * k_in, threads = omp_get_max_threads();
+    work_share *shares = panel_shares(rows, panels, threads);
 #pragma omp parallel
     {
         float *converted = rows > CONVERT_ROWS ? thread_buffer(panel_size) : 0;
-        int64_t first, last;
-        thread_panels(panels, &first, &last);
-        for (int64_t start = 0; start < rows; start += CHUNK_ROWS) {
-            int64_t end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
-            const int64_t group = converted ? 1 : PANELS_PER_TILE(end - start);
-            for (int64_t p = first; p < last; p += group) {
+        for (int64_t c = 0; c < row_chunks(rows); c++) {
+            const int64_t start = c * CHUNK_ROWS, end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
+            int64_t p, taken;
+            while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(),
+                                         converted ? 1 : PANELS_PER_TILE(end - start), &taken)) >= 0) {
                 const int8_t *panel = w + p * panel_size;
                 if (!converted) {
-                    panel_rows_i8(x, panel, panel_size, last - p < group ? last - p : group, scales + p * PANEL,
-                                  out + p * PANEL, start, end, n_out, k_in, (const char *)panel, PANEL);
+                    panel_rows_i8(x, panel, panel_size, taken, scales + p * PANEL, out + p * PANEL, start, end,
+                                  n_out, k_in, (const char *)panel, PANEL);
                     continue;
                 }
                 for (int64_t i = 0; i < panel_size; i += VEC) *(vec *)(converted + i) = load_i8(panel + i);
