@@ -19,7 +19,7 @@ does the same (the target's cache there holds only a shard).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -31,6 +31,7 @@ from pagedllm.model.loader import load_model
 from pagedllm.spec_decode.proposer import DraftContext, Proposer
 from pagedllm.worker.batch import build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs
+from pagedllm.worker.sleep import OffloadedWeights, release_free_memory
 
 # A feed of at most this many new tokens runs as decode rows (the C decode kernel, CPU graphs); a longer one
 # (the prompt, after a prefill) as a prefill.
@@ -92,7 +93,8 @@ class DraftModelProposer(Proposer):
         self.block_size = config.cache_config.block_size
         self.max_model_len = config.model_config.max_model_len
         self.kv_caches: list = []
-        self.graphs = None
+        self.graphs: Optional[DecodeGraphs] = None
+        self.offloaded: Optional[OffloadedWeights] = None  # sleep level 1's copy of the weights
         # Request id -> the tokens whose keys the draft cache holds, and the blocks they are in.
         self.cached: dict[str, tuple[list[int], list[int]]] = {}
 
@@ -108,13 +110,35 @@ class DraftModelProposer(Proposer):
         self.kv_caches = target_kv_caches if self.share_target_cache else [
             allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, self.model_config.dtype,
                               self.device) for _ in range(shape.num_layers)]
-        if (self.device.type == "cpu" and self.model_config.dtype == torch.float32
-                and not self.model_config.enforce_eager):
+        self._reset_graphs()
+
+    def _reset_graphs(self) -> None:
+        """New CPU graphs (recorded on first use) once both the weights and the cache are in place: graphs hold
+        pointers into both."""
+        self.graphs = None
+        if (self.model is not None and self.kv_caches and self.device.type == "cpu"
+                and self.model_config.dtype == torch.float32 and not self.model_config.enforce_eager):
             self.graphs = DecodeGraphs(self.model, self.kv_caches, self.max_model_len, self.block_size)
 
     def release_cache(self) -> None:
         self.kv_caches, self.graphs = [], None
         self.cached.clear()
+
+    def release_weights(self, level: int) -> None:
+        self.graphs = None
+        if level == 1:
+            self.offloaded = OffloadedWeights(self.model)
+        else:
+            self.model = None
+            release_free_memory()
+
+    def restore_weights(self) -> None:
+        if self.offloaded is not None:
+            self.offloaded.restore()
+            self.offloaded = None
+        else:
+            self.model = load_model(self.model_config, str(self.device))
+        self._reset_graphs()
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:

@@ -35,6 +35,12 @@ class Proposer(ABC):
     def forget(self, request_ids: Iterable[str]) -> None:
         """Drop what it keeps of finished or preempted requests."""
 
+    def release_weights(self, level: int) -> None:
+        """Release any model weights of its own (sleep mode): level 1 keeps a copy to restore, level 2 none."""
+
+    def restore_weights(self) -> None:
+        """Bring back what `release_weights` released."""
+
 
 def build_proposer(config: EngineConfig, device: torch.device, whole_target: bool) -> Proposer:
     """`whole_target`: this worker holds all of the target's layers and KV heads (no parallelism), so a

@@ -116,6 +116,8 @@ class Worker:
         runner = self.model_runner
         runner.release_cache()
         self.swap_space = None
+        if runner.proposer is not None:
+            runner.proposer.release_weights(level)
         if level == 1:
             self.offloaded = OffloadedWeights(runner.model)
         else:
@@ -136,6 +138,8 @@ class Worker:
                 runner.model = load_model(self.config.model_config, str(self.device), self.parallel)
                 if runner.lora is not None:
                     runner.lora.attach(runner.model)
+            if runner.proposer is not None:
+                runner.proposer.restore_weights()
         if "kv_cache" in waking:
             self.initialize_cache(self.num_blocks)
         self.asleep -= waking
