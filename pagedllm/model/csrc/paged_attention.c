@@ -29,6 +29,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 
 #include "entry.h"
@@ -267,29 +268,34 @@ static void attend(const float *q, row_source row, const row_source *next, float
         for (int c = 0; c < CHUNKS; c++) *(vec *)(out + g * HEAD_DIM + c * VEC) = acc[g][c] / denominator[g];
 }
 
-/* Rows per unit of work a thread takes: a thread's rows follow each other, so each prefetches the next. */
-#define ROWS_PER_TASK 8
+/* Rows per unit of work a thread takes: a thread's rows follow each other, so each prefetches the next; but
+ * at least TASKS_PER_THREAD units per thread, so that a thread slowed by other work on its core leaves the rest
+ * of its share to the others. */
+#define MAX_ROWS_PER_TASK 8
+#define TASKS_PER_THREAD 16
 
 void paged_attention_rows(const float *q, const float *k_cache, const float *v_cache, float *out,
                           const int64_t *block_tables, const int64_t *row_tables, const int64_t *row_lens,
                           int64_t rows, int64_t q_stride, int64_t kv_heads, int64_t num_blocks, int64_t max_blocks,
                           float scale) {
-    const int64_t heads = kv_heads * GROUP, head_blocks = num_blocks * BLOCK_SIZE * HEAD_DIM;
-    const int64_t items = kv_heads * rows, tasks = (items + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+    const int64_t heads = kv_heads * GROUP, head_blocks = num_blocks * BLOCK_SIZE * HEAD_DIM, items = kv_heads * rows;
+    int64_t per_task = items / (TASKS_PER_THREAD * omp_get_max_threads());
+    per_task = per_task < 1 ? 1 : per_task > MAX_ROWS_PER_TASK ? MAX_ROWS_PER_TASK : per_task;
+    const int64_t tasks = (items + per_task - 1) / per_task;
     /* Items run KV head outermost: the threads take neighbouring rows of one head, which for a prefill's
      * tokens read the same keys, while they are in the caches they share. */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; task++) {
-        const int64_t end = (task + 1) * ROWS_PER_TASK < items ? (task + 1) * ROWS_PER_TASK : items;
-        row_source sources[ROWS_PER_TASK];
-        for (int64_t item = task * ROWS_PER_TASK; item < end; item++) {
+        const int64_t first = task * per_task, end = first + per_task < items ? first + per_task : items;
+        row_source sources[MAX_ROWS_PER_TASK];
+        for (int64_t item = first; item < end; item++) {
             const int64_t h = item / rows, r = item % rows;
-            sources[item - task * ROWS_PER_TASK] = (row_source){
-                k_cache + h * head_blocks, v_cache + h * head_blocks,
-                block_tables + (row_tables ? row_tables[r] : r) * max_blocks, row_lens[r]};
+            sources[item - first] = (row_source){k_cache + h * head_blocks, v_cache + h * head_blocks,
+                                                 block_tables + (row_tables ? row_tables[r] : r) * max_blocks,
+                                                 row_lens[r]};
         }
-        for (int64_t item = task * ROWS_PER_TASK; item < end; item++) {
-            const int64_t h = item / rows, r = item % rows, i = item - task * ROWS_PER_TASK;
+        for (int64_t item = first; item < end; item++) {
+            const int64_t h = item / rows, r = item % rows, i = item - first;
             attend(q + r * q_stride + h * GROUP * HEAD_DIM, sources[i], item + 1 < end ? &sources[i + 1] : 0, scale,
                    out + (r * heads + h * GROUP) * HEAD_DIM);
         }
