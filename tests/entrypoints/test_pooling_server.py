@@ -116,16 +116,19 @@ def test_a_generating_model_refuses_pooling_endpoints(tiny_server, path, body):
 
 
 @pytest.fixture(scope="module")
-def cross_encoder(tmp_path_factory, launch_server):
-    """(server, transformers model, tokenizer) of a tiny BERT cross-encoder served with --task auto."""
-    folder, model, tokenizer = bert_classifier_folder(tmp_path_factory.mktemp("cross-encoder"), 1)
-    with launch_server(tmp_path_factory.mktemp("cross-encoder-server"), [folder, "--api-key", API_KEY]) as server:
-        yield server, model, tokenizer
+def bert_classifier(request, tmp_path_factory, launch_server):
+    """(HTTP client, transformers model, tokenizer) of a tiny BERT classifier with `request.param` labels,
+    served with --task auto."""
+    labels = request.param
+    folder, model, tokenizer = bert_classifier_folder(tmp_path_factory.mktemp(f"labels-{labels}"), labels)
+    with launch_server(tmp_path_factory.mktemp(f"labels-{labels}-server"), [folder, "--api-key", API_KEY]) as server:
+        yield (httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60),
+               model, tokenizer)
 
 
-def test_a_cross_encoder_serves_classify_score_and_rerank(cross_encoder):
-    server, model, tokenizer = cross_encoder
-    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+@pytest.mark.parametrize("bert_classifier", [1], indirect=True, ids=["cross-encoder"])
+def test_a_cross_encoder_serves_classify_score_and_rerank(bert_classifier):
+    http, model, tokenizer = bert_classifier
     with torch.no_grad():
         pair_logits = torch.cat([model(**tokenizer(TEXTS[0], text, return_tensors="pt")).logits[0]
                                  for text in TEXTS[1:]])
@@ -147,17 +150,9 @@ def test_a_cross_encoder_serves_classify_score_and_rerank(cross_encoder):
     assert refused.status_code == 400 and "does not support the Embeddings API" in refused.json()["error"]["message"]
 
 
-@pytest.fixture(scope="module")
-def multi_label_classifier(tmp_path_factory, launch_server):
-    """(server, transformers model, tokenizer) of a tiny 3-label BERT classifier served with --task auto."""
-    folder, model, tokenizer = bert_classifier_folder(tmp_path_factory.mktemp("multi-label"), 3)
-    with launch_server(tmp_path_factory.mktemp("multi-label-server"), [folder, "--api-key", API_KEY]) as server:
-        yield server, model, tokenizer
-
-
-def test_a_multi_label_classifier_classifies_but_cannot_score(multi_label_classifier):
-    server, model, tokenizer = multi_label_classifier
-    http = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+@pytest.mark.parametrize("bert_classifier", [3], indirect=True, ids=["three-labels"])
+def test_a_multi_label_classifier_classifies_but_cannot_score(bert_classifier):
+    http, model, tokenizer = bert_classifier
     # As in vLLM, scoring a pair takes a classifier with one label.
     refused = [("/score", {"text_1": TEXTS[0], "text_2": TEXTS[1:]}), ("/v1/score", {"text_1": "a", "text_2": "b"}),
                ("/rerank", {"query": TEXTS[0], "documents": TEXTS[1:]}),
