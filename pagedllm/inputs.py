@@ -57,7 +57,7 @@ def parse_prompt(prompt: PromptType) -> ParsedPrompt:
             raise ValueError("multi_modal_data is not supported by pagedllm: its models take text only.")
         if "prompt_token_ids" in prompt:
             ids, types = prompt["prompt_token_ids"], prompt.get("token_type_ids")
-            for name, value in (("prompt_token_ids", ids), ("token_type_ids", types or [])):
+            for name, value in (("prompt_token_ids", ids), ("token_type_ids", [] if types is None else types)):
                 if not isinstance(value, (list, tuple)) or not all(isinstance(t, int) for t in value):
                     raise TypeError(f"{name} must be a list of integers.")
             return ParsedPrompt(prompt.get("prompt"), list(ids), None, None if types is None else list(types))
