@@ -80,12 +80,12 @@ class GrammarManager:
         matchers (request id -> matcher) that are not terminated; and the requests whose matcher failed
         (id -> why), which fail alone. Row j is the mask after the first j proposed tokens (speculative
         decoding verifies each position under its own mask); the matchers are left where they were."""
-        import xgrammar as xgr
-
-        proposals = proposals or {}
         live = {rid: m for rid, m in matchers.items() if not m.is_terminated()}
         if not live:
             return {}, {}
+        import xgrammar as xgr
+
+        proposals = proposals or {}
         sizes = [1 + len(proposals.get(rid, ())) for rid in live]
         masks = xgr.allocate_token_bitmask(sum(sizes), self.vocab_size)  # every token allowed until filled
         result, failed, start = {}, {}, 0
