@@ -4,9 +4,10 @@ against the machine's own limit measured in the same invocation.
     python benchmarks/latency.py            # pagedllm and transformers at batch 1
     python benchmarks/latency.py --no-hf    # pagedllm only
     python benchmarks/latency.py --device cuda   # on a GPU (the default where there is one): its own limits
-    python benchmarks/latency.py --no-hf --against-plain \
+    python benchmarks/latency.py --no-hf --baseline-engine-arg speculative_config=null \
         --engine-arg 'speculative_config={"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 4}'
                                             # speculative decoding against plain decoding, interleaved
+    python benchmarks/latency.py --no-hf --engine-arg dtype=bfloat16 --baseline-engine-arg dtype=float32
 
 Each repeat runs its own prompt of the `latency` workload (so no prefix cache can help), after one
 warm-up request; the median over repeats is reported, with the transformers batch-1 figures of the same
@@ -27,7 +28,7 @@ from typing import Any, Optional
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
-                               machine_info, parse_engine_args,
+                               machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
 from benchmarks.machine_limits import cpu_flags, measure_limits  # noqa: E402
 
@@ -118,9 +119,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     add_engine_args(parser)
-    parser.add_argument("--against-plain", action="store_true",
-                        help="with a speculative_config: also run without it, interleaved, best of --rounds each")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of each engine with --against-plain")
+    parser.add_argument("--baseline-engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="also run pagedllm with its engine args changed by these (repeatable; null unsets one), "
+                             "interleaved, best of --rounds each, and print the ratios")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each engine with --baseline-engine-arg")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/latency-<time>.json)")
     args = parser.parse_args(argv)
 
@@ -132,13 +134,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     device = benchmark_device(args)
     weight_size = _bytes_per_weight(engine_kwargs, device)
     before = run_in_child(measure_limits, weight_size, device)
-    if args.against_plain:
-        if "speculative_config" not in engine_kwargs:
-            parser.error("--against-plain compares a speculative_config (--engine-arg) with plain decoding")
-        plain_kwargs = {k: v for k, v in engine_kwargs.items() if k != "speculative_config"}
-        rounds = [(run_in_child(run_pagedllm, prompts, output_len, plain_kwargs),
+    if args.baseline_engine_arg:
+        baseline_kwargs = {key: value for key, value in {**engine_kwargs, **parse_pairs(args.baseline_engine_arg)}.items()
+                           if value is not None}
+        rounds = [(run_in_child(run_pagedllm, prompts, output_len, baseline_kwargs),
                    run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)) for _ in range(args.rounds)]
-        ours, plain = (min((r[i] for r in rounds), key=lambda run: run["tpot_s"]) for i in (1, 0))
+        ours, baseline = (min((r[i] for r in rounds), key=lambda run: run["tpot_s"]) for i in (1, 0))
     else:
         ours = run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)
     limits = _best_limits(before, run_in_child(measure_limits, weight_size, device))
@@ -161,14 +162,15 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                               "targets": {"ttft_s": TARGET_TTFT_S, "tpot_s": TARGET_TPOT_S,
                                           "tpot_vs_stream_limit": TARGET_TPOT_VS_STREAM,
                                           "ttft_vs_compute_limit": TARGET_TTFT_VS_COMPUTE}, "pagedllm": ours}
-    if args.against_plain:
-        result["plain"] = plain
-        result["spec_vs_plain"] = {"ttft": round(ours["ttft_s"] / plain["ttft_s"], 3),
-                                   "tpot": round(ours["tpot_s"] / plain["tpot_s"], 3)}
-        ratios = result["spec_vs_plain"]
-        print(f"plain pagedllm: TTFT {plain['ttft_s'] * 1e3:.0f} ms, TPOT {plain['tpot_s'] * 1e3:.1f} ms; speculative "
-              f"against plain: TTFT {ratios['ttft']:.2f}x, TPOT {ratios['tpot']:.2f}x, acceptance "
-              f"{ours.get('acceptance_rate')}", flush=True)
+    if args.baseline_engine_arg:
+        result["pagedllm_baseline"] = {"engine_args": baseline_kwargs, **baseline}
+        result["vs_pagedllm_baseline"] = {"ttft": round(ours["ttft_s"] / baseline["ttft_s"], 3),
+                                          "tpot": round(ours["tpot_s"] / baseline["tpot_s"], 3)}
+        ratios = result["vs_pagedllm_baseline"]
+        acceptance = f", acceptance {ours['acceptance_rate']}" if ours.get("acceptance_rate") is not None else ""
+        print(f"pagedllm with {baseline_kwargs}: TTFT {baseline['ttft_s'] * 1e3:.0f} ms, TPOT "
+              f"{baseline['tpot_s'] * 1e3:.1f} ms; ours against it: TTFT {ratios['ttft']:.2f}x, "
+              f"TPOT {ratios['tpot']:.2f}x{acceptance}", flush=True)
     if not args.no_hf:
         theirs = run_in_child(run_transformers, prompts, output_len, device)
         print(f"transformers (batch 1): TTFT {theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms, "

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
+from benchmarks.machine_limits import matmul_rate  # noqa: E402
 from benchmarks.vllm_baseline import run_vllm  # noqa: E402
 
 TARGET_RATIO = 1.6
@@ -165,8 +166,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                         help="an extra keyword for vLLM's LLM (repeatable; dtype is float32 unless given)")
     parser.add_argument("--vllm-env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for vLLM's process only, e.g. LD_PRELOAD (repeatable)")
-    parser.add_argument("--peak-gflops", type=float, default=190.0,
-                        help="the machine's float32 matmul rate used for the compute limit")
+    parser.add_argument("--peak-gflops", type=float, default=None,
+                        help="the matmul rate used for the compute limit (default: measured now on the device, "
+                             "float32 on CPU, bfloat16 on CUDA)")
     parser.add_argument("--num-scheduler-steps", type=int, default=None, metavar="N",
                         help="only compare pagedllm with num_scheduler_steps=N against 1, interleaved, best of "
                              "--repeats each, and print their ratio")
@@ -177,9 +179,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     workload = load_workload(args.workload, args.workloads_file)
     prompts = token_prompts(workload, workload["num_prompts"])
     output_len = workload["output_len"]
-    limit = args.peak_gflops * 1e9 * output_len / default_model_flops(workload["input_len"], output_len)
+    peak_gflops = args.peak_gflops or run_in_child(matmul_rate, benchmark_device(args)) / 1e9
+    limit = peak_gflops * 1e9 * output_len / default_model_flops(workload["input_len"], output_len)
     print(f"{args.workload}: {len(prompts)} requests x {workload['input_len']} in / {output_len} out; "
-          f"compute limit {limit:.0f} output tok/s at {args.peak_gflops:.0f} GFLOP/s", flush=True)
+          f"compute limit {limit:.0f} output tok/s at {peak_gflops:.0f} GFLOP/s", flush=True)
     if args.num_scheduler_steps:
         result = {"workload": args.workload, "definition": workload, "machine": machine_info(),
                   **compare_multi_step(prompts, output_len, parse_engine_args(args), args.num_scheduler_steps,

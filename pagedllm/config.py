@@ -29,6 +29,7 @@ class ModelConfig:
     format: str  # "gguf" or "hf"
     hf_config: Any
     dtype: Any  # torch.dtype
+    activation_dtype: Any  # torch.dtype of activations and the KV cache (_activation_dtype)
     max_model_len: int
     served_model_name: str
     seed: int
@@ -270,7 +271,8 @@ class EngineArgs(CompatArgs):
             raise ValueError(f"quantization {self.quantization!r} is not supported; use None or 'int8'.")
         model_config = ModelConfig(
             model=self.model or source.name, path=source.path, format=source.format,
-            hf_config=source.hf_config, dtype=dtype, max_model_len=max_model_len,
+            hf_config=source.hf_config, dtype=dtype, activation_dtype=_activation_dtype(dtype, device, source.hf_config),
+            max_model_len=max_model_len,
             served_model_name=self.served_model_name or (self.model or source.name),
             seed=self.seed if self.seed is not None else 0,
             max_logprobs=self.max_logprobs, skip_tokenizer_init=self.skip_tokenizer_init,
@@ -454,6 +456,19 @@ def _resolve_dtype(dtype: str, device: str) -> Any:
     if dtype not in names:
         raise ValueError(f"dtype must be one of 'auto', {', '.join(repr(n) for n in names)}; got {dtype!r}.")
     return names[dtype]
+
+
+def _activation_dtype(dtype: Any, device: str, hf_config: Any) -> Any:
+    """float32 for a decoder in bfloat16 on CPU, else `dtype`. There its linear weights are stored in bfloat16,
+    which halves the bytes each decoded token streams, and the C kernels widen them to float32 as they load
+    (exact, and fast on any x86 CPU, with or without bfloat16 instructions), so activations, sums and the KV
+    cache stay float32, and greedy output stays closer to float32's than bfloat16 arithmetic would. An
+    encoder, which keeps no KV cache, runs PyTorch's bfloat16 operators."""
+    import torch
+
+    if device == "cpu" and dtype == torch.bfloat16 and not is_encoder(hf_config):
+        return torch.float32
+    return dtype
 
 
 def _resolve_max_model_len(requested: Optional[int], hf_config: Any, source: Any) -> int:

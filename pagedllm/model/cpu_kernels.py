@@ -221,6 +221,7 @@ class PackedLinear(NamedTuple):
     panel: int
     float32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [rows, in], packed weight) -> x @ W.T
     int8: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, packed int8, scales [out])
+    bfloat16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (float32 x, packed bfloat16 weight)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """[out, in] -> [out / panel, in, panel], contiguous."""
@@ -230,12 +231,13 @@ class PackedLinear(NamedTuple):
 
 @functools.cache
 def load_packed_linear() -> Optional[PackedLinear]:
-    """Linear layers over panel-packed float32 or int8 weights, or None where they cannot be built."""
+    """Linear layers over panel-packed float32, int8 or bfloat16 weights, or None where they cannot be built."""
     library = _load("packed_linear.c", {})
     if library is None:
         return None
     library.panel_width.restype = ctypes.c_int64
     run_float32, run_int8 = Kernel(library, "packed_linear_f32"), Kernel(library, "packed_linear_i8")
+    run_bfloat16 = Kernel(library, "packed_linear_bf16")
 
     def run(kernel: Kernel, x: torch.Tensor, weight: torch.Tensor, *scales: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -243,7 +245,8 @@ def load_packed_linear() -> Optional[PackedLinear]:
         kernel(x, weight, *scales, out, x.shape[0], out.shape[1], x.shape[1])
         return out
 
-    return PackedLinear(library.panel_width(), functools.partial(run, run_float32), functools.partial(run, run_int8))
+    return PackedLinear(library.panel_width(), functools.partial(run, run_float32), functools.partial(run, run_int8),
+                        functools.partial(run, run_bfloat16))
 
 
 def _load(source: str, defines: dict[str, int]) -> Optional[ctypes.CDLL]:

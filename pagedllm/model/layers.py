@@ -6,7 +6,7 @@ computes them all; `load_shard` places each checkpoint tensor in its rows, which
 tensor-parallel slicing and LoRA deltas attach. Once loaded, a layer may change how it multiplies:
 `quantize_int8` turns it into weight-only int8 (one scale per output row; activations stay in the model's
 dtype), `pack_for_cpu` reorders a float32 weight into oneDNN's blocked layout, `pack_panels` packs a float32 or
-int8 weight in panels for the C kernel packed_linear.c.
+int8 weight in panels for the C kernel packed_linear.c, rounding a float32 one to bfloat16 first if asked.
 """
 from __future__ import annotations
 
@@ -77,13 +77,18 @@ class MergedLinear(nn.Module):
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, None)
         self.weight = None
 
-    def pack_panels(self) -> None:
-        """Pack the float32 or int8 weight in panels for packed_linear.c and drop the dense copy; nothing changes
-        where the kernel cannot be built or the output size is not a multiple of its panel."""
+    def pack_panels(self, bfloat16: bool = False) -> bool:
+        """Pack the float32 or int8 weight in panels for packed_linear.c and drop the dense copy; with
+        `bfloat16`, a float32 weight is rounded to bfloat16 first (half the bytes streamed per token; the
+        kernel widens it to float32 as it loads). False, and nothing changes, where the kernel cannot be built
+        or the output size is not a multiple of its panel."""
         kernel = load_packed_linear()
-        if kernel is not None and self.weight.shape[0] % kernel.panel == 0:
-            self.panel_weight = kernel.pack(self.weight.data)
-            self.weight = None
+        if kernel is None or self.weight.shape[0] % kernel.panel != 0:
+            return False
+        weight = self.weight.data.to(torch.bfloat16) if bfloat16 and self.scales is None else self.weight.data
+        self.panel_weight = kernel.pack(weight)
+        self.weight = None
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panel_weight is not None and self.bias is None:
@@ -98,8 +103,12 @@ class MergedLinear(nn.Module):
         rows = x.reshape(-1, x.shape[-1])
         if self.panel_weight is not None:
             kernel = load_packed_linear()
-            y = (kernel.float32(rows, self.panel_weight) if self.scales is None
-                 else kernel.int8(rows, self.panel_weight, self.scales))
+            if self.scales is not None:
+                y = kernel.int8(rows, self.panel_weight, self.scales)
+            elif self.panel_weight.dtype == torch.bfloat16:
+                y = kernel.bfloat16(rows, self.panel_weight)
+            else:
+                y = kernel.float32(rows, self.panel_weight)
         elif self.scales is None:
             return F.linear(x, self.weight, self.bias)
         else:

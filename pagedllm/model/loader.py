@@ -47,8 +47,9 @@ def iter_weights(model_config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]
 
 
 def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext = SINGLE_PROCESS) -> nn.Module:
-    """The model with its weights, in model_config.dtype on `device`, in inference mode; under tensor or
-    pipeline parallelism (`parallel` from pagedllm.distributed.init_distributed), this worker's shard of it."""
+    """The model with its weights, in model_config.activation_dtype on `device` (on CPU, linear weights in
+    model_config.dtype), in inference mode; under tensor or pipeline parallelism (`parallel` from
+    pagedllm.distributed.init_distributed), this worker's shard of it."""
     hf_config = model_config.hf_config
     archs = set(getattr(hf_config, "architectures", None) or ["LlamaForCausalLM"])
     if is_encoder(hf_config):
@@ -56,6 +57,9 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
                    else BertModel(hf_config))
         encoder.load_weights(iter_weights(model_config))
         encoder = encoder.to(device=device, dtype=model_config.dtype).eval()
+        if device == "cpu" and model_config.dtype == torch.bfloat16 and not cpu_bf16_flags():
+            logger.warning("dtype=bfloat16 on a CPU without %s: PyTorch computes in bfloat16 by converting to "
+                           "float32 as it goes, slower than float32 here.", " or ".join(BF16_FLAGS))
         if device == "cpu" and model_config.dtype == torch.float32 and torch.backends.mkldnn.is_available():
             encoder.pack_for_cpu()
         return encoder
@@ -65,23 +69,32 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
     decoder = LlamaForSequenceClassification if "LlamaForSequenceClassification" in archs else LlamaForCausalLM
     model = decoder(hf_config, parallel)
     model.load_weights(iter_weights(model_config))
-    model = model.to(device=device, dtype=model_config.dtype).eval()
+    model = model.to(device=device, dtype=model_config.activation_dtype).eval()
     linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
     if model_config.quantization == "int8":
         # The LM head too: it is a fifth of the default model's weights read per token (a tied embedding
         # table stays float32 for the lookup).
         for module in linears:
             module.quantize_int8()
-    if device == "cpu" and model_config.dtype == torch.bfloat16 and not cpu_bf16_flags():
-        logger.warning("dtype=bfloat16 on a CPU without %s: PyTorch computes in bfloat16 by converting to float32 "
-                       "as it goes, slower than float32 here.", " or ".join(BF16_FLAGS))
-    if device == "cpu" and model_config.dtype == torch.float32:
-        # float32 weights take the backend measured fastest on this CPU for their shape; int8 takes the panel
-        # kernel, which converts the weights as it streams them.
-        backends = choose_backends(tuple(m.weight.shape) for m in linears if m.scales is None)
-        for module in linears:
-            if module.scales is None:
-                pack(module, backends[tuple(module.weight.shape)])
-            else:
-                module.pack_panels()
+    if device == "cpu" and model_config.activation_dtype == torch.float32:
+        _pack_for_cpu(linears, bfloat16=model_config.dtype == torch.bfloat16)
     return model
+
+
+def _pack_for_cpu(linears: list[MergedLinear], bfloat16: bool) -> None:
+    """int8 weights take the panel kernel, which converts them as it streams them; so do float32 ones rounded
+    to bfloat16 where the model's dtype is bfloat16 (ModelConfig.activation_dtype); the other float32 weights
+    take the backend measured fastest on this CPU for their shape."""
+    if bfloat16:
+        float32 = [m for m in linears if m.scales is None and not m.pack_panels(bfloat16=True)]
+        if float32:
+            logger.warning("%d linear layers stay float32 under dtype=bfloat16: the panel kernel cannot take "
+                           "them (no C compiler, or an output size that is not whole panels).", len(float32))
+    else:
+        float32 = [m for m in linears if m.scales is None]
+    backends = choose_backends(tuple(m.weight.shape) for m in float32)
+    for module in linears:
+        if module in float32:
+            pack(module, backends[tuple(module.weight.shape)])
+        elif module.scales is not None:
+            module.pack_panels()

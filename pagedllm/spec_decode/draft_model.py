@@ -102,13 +102,14 @@ class DraftModelProposer(Proposer):
         if self.share_target_cache:
             return 0
         shape = local_kv_cache_shape(self.model_config.hf_config, ParallelRanks())
-        element = torch.tensor([], dtype=self.model_config.dtype).element_size()
+        element = torch.tensor([], dtype=self.model_config.activation_dtype).element_size()
         return 2 * shape.num_layers * self.block_size * shape.num_kv_heads * shape.head_dim * element
 
     def initialize_cache(self, num_blocks: int, target_kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         shape = local_kv_cache_shape(self.model_config.hf_config, ParallelRanks())
         self.kv_caches = target_kv_caches if self.share_target_cache else [
-            allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim, self.model_config.dtype,
+            allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
+                              self.model_config.activation_dtype,
                               self.device) for _ in range(shape.num_layers)]
         self._reset_graphs()
 
@@ -117,7 +118,7 @@ class DraftModelProposer(Proposer):
         pointers into both."""
         self.graphs = None
         if (self.model is not None and self.kv_caches and self.device.type == "cpu"
-                and self.model_config.dtype == torch.float32 and not self.model_config.enforce_eager):
+                and self.model_config.activation_dtype == torch.float32 and not self.model_config.enforce_eager):
             self.graphs = DecodeGraphs(self.model, self.kv_caches, self.max_model_len, self.block_size)
 
     def release_cache(self) -> None:

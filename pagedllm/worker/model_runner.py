@@ -61,14 +61,14 @@ class ModelRunner:
         extra = PADDING_BLOCKS if self._graph_kind() == "cuda" else 0
         self.num_blocks = num_blocks
         self.kv_caches = [[allocate_kv_cache(num_blocks + extra, self.block_size, shape.num_kv_heads,
-                                             shape.head_dim, self.config.model_config.dtype, self.device)
+                                             shape.head_dim, self.config.model_config.activation_dtype, self.device)
                            for _ in range(shape.num_layers)]
                           for _ in range(self.ranks.pp_size)]
         self.reset_decode_graphs()
 
     def _graph_kind(self) -> Optional[str]:
         model_config = self.config.model_config
-        return graph_kind(self.device, model_config.dtype, model_config.enforce_eager, self.ranks.world_size)
+        return graph_kind(self.device, model_config.activation_dtype, model_config.enforce_eager, self.ranks.world_size)
 
     def reset_decode_graphs(self) -> None:
         """New decode graphs over the current weights and KV cache (CPU graphs recorded on first use, CUDA

@@ -55,7 +55,7 @@ class PoolingModelRunner:
         model_config = self.config.model_config
         shape = local_kv_cache_shape(model_config.hf_config, self.ranks)
         self.kv_caches = [[allocate_kv_cache(num_blocks, self.block_size, shape.num_kv_heads, shape.head_dim,
-                                             model_config.dtype, self.device)
+                                             model_config.activation_dtype, self.device)
                            for _ in range(shape.num_layers)]
                           for _ in range(self.ranks.pp_size)]
 

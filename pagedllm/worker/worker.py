@@ -63,7 +63,7 @@ class Worker:
     def block_bytes(self) -> int:
         """Bytes of one KV cache block over this worker's layers and KV heads, keys and values."""
         shape = local_kv_cache_shape(self.config.model_config.hf_config, self.ranks)
-        element = torch.tensor([], dtype=self.config.model_config.dtype).element_size()
+        element = torch.tensor([], dtype=self.config.model_config.activation_dtype).element_size()
         return 2 * shape.num_layers * self.config.cache_config.block_size * shape.num_kv_heads * shape.head_dim * element
 
     def determine_num_available_blocks(self) -> int:

@@ -13,10 +13,12 @@
  * AMD Zen 3 (AVX2): 1.1-1.2x MKL at 128 rows and 1.0-1.05x at 2048 (86-95 GFLOP/s), and at one row it
  * streams the weights at the rate of a plain sum over them.
  *
- * int8 weights (one scale per output column) convert to float32 as they are loaded, up to CONVERT_ROWS rows
- * (decode: streaming a quarter of the bytes is what makes int8 fast at a few rows, and an int8 panel stays
- * in the L1 cache for all the tiles of a decode batch); for more rows each panel is converted once into a
- * buffer that stays in the L2 cache and then multiplied like a float32 panel.
+ * int8 weights (one scale per output column) and bfloat16 weights convert to float32 as they are loaded, up
+ * to CONVERT_ROWS rows (decode: streaming a quarter or half of the bytes is what makes them fast at a few
+ * rows, and such a panel stays in the L1 cache for all the tiles of a decode batch); for more rows each panel
+ * is converted once into a buffer that stays in the L2 cache and then multiplied like a float32 panel. A
+ * bfloat16 weight is the top half of a float32, so widening it is exact and needs no bfloat16 instructions:
+ * x and the sums stay float32.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -68,6 +70,22 @@ static inline __attribute__((always_inline)) vec load_i8(const int8_t *p) {
 #endif
 }
 
+/* bfloat16 bits (the top 16 bits of a float32) widened to float32. */
+static inline __attribute__((always_inline)) vec load_bf16(const uint16_t *p) {
+#if defined(__AVX512F__)
+    return (vec)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+#elif defined(__AVX2__)
+    return (vec)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+#else
+    vec v;
+    for (int i = 0; i < VEC; i++) {
+        const uint32_t bits = (uint32_t)p[i] << 16;
+        __builtin_memcpy(&v[i], &bits, 4);
+    }
+    return v;
+#endif
+}
+
 /* rows of x times `panels` neighbouring panels (panel_size weights apart) into out's panels * PANEL columns
  * (rows * panels at most TILE_ROWS, both constants once inlined); each step of k also prefetches `step`
  * bytes from prefetch + k * step in each panel, where prefetch is not null. */
@@ -104,6 +122,7 @@ static inline __attribute__((always_inline)) vec load_i8(const int8_t *p) {
 
 DEFINE_TILE(tile_f32, float, load_f32)
 DEFINE_TILE(tile_i8, int8_t, load_i8)
+DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
 
 /* Panels a tile of this many rows takes at once. Each sum is a chain of dependent multiply-adds, one per
  * step of k; with one or two rows, one panel gives too few chains to cover their latency, so the tile
@@ -167,6 +186,7 @@ DEFINE_TILE(tile_i8, int8_t, load_i8)
 
 DEFINE_PANEL_ROWS(panel_rows_f32, tile_f32, float)
 DEFINE_PANEL_ROWS(panel_rows_i8, tile_i8, int8_t)
+DEFINE_PANEL_ROWS(panel_rows_bf16, tile_bf16, uint16_t)
 
 /* The row chunks of a call and the work shares (work_shares.h) of each chunk's panels, one per thread: a chunk's
  * panels are done before the next chunk's, so that its rows stay in the cache while the panels stream by. */
@@ -205,30 +225,45 @@ static float *thread_buffer(int64_t floats) {
     return buffer;
 }
 
+/* A linear layer over weights that convert to float32 as they load (int8 with scales, or bfloat16 with none):
+ * converted tile by tile up to CONVERT_ROWS rows, else panel by panel into a float32 buffer. */
+#define DEFINE_CONVERTING_LINEAR(NAME, WEIGHT, LOAD, PANEL_ROWS)                                              \
+    static void NAME(const float *x, const WEIGHT *w, const float *scales, float *out, int64_t rows,         \
+                     int64_t n_out, int64_t k_in) {                                                          \
+        const int64_t panels = n_out / PANEL, panel_size = PANEL * k_in, threads = omp_get_max_threads();   \
+        work_share *shares = panel_shares(rows, panels, threads);                                            \
+        _Pragma("omp parallel") {                                                                            \
+            float *converted = rows > CONVERT_ROWS ? thread_buffer(panel_size) : 0;                          \
+            for (int64_t c = 0; c < row_chunks(rows); c++) {                                                 \
+                const int64_t start = c * CHUNK_ROWS, end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows; \
+                int64_t p, taken;                                                                            \
+                while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(),            \
+                                             converted ? 1 : PANELS_PER_TILE(end - start), &taken)) >= 0) {  \
+                    const WEIGHT *panel = w + p * panel_size;                                                \
+                    const float *panel_scales = scales ? scales + p * PANEL : 0;                             \
+                    if (!converted) {                                                                        \
+                        PANEL_ROWS(x, panel, panel_size, taken, panel_scales, out + p * PANEL, start, end,   \
+                                   n_out, k_in, (const char *)panel, sizeof(WEIGHT) * PANEL);                \
+                        continue;                                                                            \
+                    }                                                                                        \
+                    for (int64_t i = 0; i < panel_size; i += VEC) *(vec *)(converted + i) = LOAD(panel + i); \
+                    panel_rows_f32(x, converted, panel_size, 1, panel_scales, out + p * PANEL, start, end,   \
+                                   n_out, k_in, (const char *)panel, sizeof(WEIGHT) * PANEL);                \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+DEFINE_CONVERTING_LINEAR(converting_linear_i8, int8_t, load_i8, panel_rows_i8)
+DEFINE_CONVERTING_LINEAR(converting_linear_bf16, uint16_t, load_bf16, panel_rows_bf16)
+
 void packed_linear_i8(const float *x, const int8_t *w, const float *scales, float *out, int64_t rows,
                       int64_t n_out, int64_t k_in) {
-    const int64_t panels = n_out / PANEL, panel_size = PANEL * k_in, threads = omp_get_max_threads();
-    work_share *shares = panel_shares(rows, panels, threads);
-#pragma omp parallel
-    {
-        float *converted = rows > CONVERT_ROWS ? thread_buffer(panel_size) : 0;
-        for (int64_t c = 0; c < row_chunks(rows); c++) {
-            const int64_t start = c * CHUNK_ROWS, end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
-            int64_t p, taken;
-            while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(),
-                                         converted ? 1 : PANELS_PER_TILE(end - start), &taken)) >= 0) {
-                const int8_t *panel = w + p * panel_size;
-                if (!converted) {
-                    panel_rows_i8(x, panel, panel_size, taken, scales + p * PANEL, out + p * PANEL, start, end,
-                                  n_out, k_in, (const char *)panel, PANEL);
-                    continue;
-                }
-                for (int64_t i = 0; i < panel_size; i += VEC) *(vec *)(converted + i) = load_i8(panel + i);
-                panel_rows_f32(x, converted, panel_size, 1, scales + p * PANEL, out + p * PANEL, start, end, n_out,
-                               k_in, (const char *)panel, PANEL);
-            }
-        }
-    }
+    converting_linear_i8(x, w, scales, out, rows, n_out, k_in);
+}
+
+void packed_linear_bf16(const float *x, const uint16_t *w, float *out, int64_t rows, int64_t n_out, int64_t k_in) {
+    converting_linear_bf16(x, w, 0, out, rows, n_out, k_in);
 }
 
 void packed_linear_f32_entry(const int64_t *args) {
@@ -238,4 +273,8 @@ void packed_linear_f32_entry(const int64_t *args) {
 void packed_linear_i8_entry(const int64_t *args) {
     packed_linear_i8(ARG(0, const float *), ARG(1, const int8_t *), ARG(2, const float *), ARG(3, float *), args[4],
                      args[5], args[6]);
+}
+
+void packed_linear_bf16_entry(const int64_t *args) {
+    packed_linear_bf16(ARG(0, const float *), ARG(1, const uint16_t *), ARG(2, float *), args[3], args[4], args[5]);
 }
