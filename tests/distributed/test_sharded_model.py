@@ -62,15 +62,21 @@ def _assert_int8_equal(sharded: torch.Tensor, reference: torch.Tensor) -> None:
     assert torch.equal(sharded.argmax(-1), reference.argmax(-1))
 
 
+@pytest.fixture(scope="module")
+def default_whole(default_model) -> torch.Tensor:
+    """The default model's logits, whole in this process: the reference of every float32 split."""
+    return run_whole(_model_config(default_model))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tp, pp, quantization", [(3, 1, None), (1, 2, None), (3, 1, "int8")])
-def test_default_model_sharded_equals_whole(default_model, tmp_path, tp, pp, quantization):
+def test_default_model_sharded_equals_whole(request, default_model, tmp_path, tp, pp, quantization):
     config = _model_config(default_model, quantization=quantization)
     sharded = run_sharded(config, tp, pp, str(tmp_path))
     if quantization == "int8":
         _assert_int8_equal(sharded, run_whole_int8_as_sharded(config, tp))
         return
-    whole = run_whole(config)
+    whole = request.getfixturevalue("default_whole")
     assert sharded.shape == whole.shape == (5, config.vocab_size)
     # Row-parallel layers add the ranks' partial sums in another order than one matmul does; over 30 layers
     # float32 rounding reaches about 1e-3 on logits of magnitude 10-20 (seen: 1.5e-3), and no token changes.

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pagedllm import LLM, AsyncEngineArgs, AsyncLLMEngine, EngineArgs, LLMEngine, SamplingParams
+from pagedllm import LLM, AsyncLLMEngine, EngineArgs, LLMEngine, SamplingParams
 from pagedllm.sampling_params import GuidedDecodingParams, RequestOutputKind
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,24 @@ def assert_same(got, want, num_tokens: int | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def multi_llm():
+    """Groups of 4, each token streamed (multi_step_stream_outputs, the default)."""
     return LLM(num_scheduler_steps=4)
+
+
+@pytest.fixture(scope="module")
+def multi8_llm():
+    return LLM(num_scheduler_steps=8)
+
+
+@pytest.fixture(scope="module")
+def grouped_engine():
+    """Groups of 4, each group streamed once (multi_step_stream_outputs=False)."""
+    return LLMEngine.from_engine_args(EngineArgs(num_scheduler_steps=4, multi_step_stream_outputs=False))
+
+
+def streaming_engine(request, stream: bool) -> LLMEngine:
+    """An engine of groups of 4 that streams each token (`stream`) or each group."""
+    return request.getfixturevalue("multi_llm").llm_engine if stream else request.getfixturevalue("grouped_engine")
 
 
 @pytest.fixture(scope="module")
@@ -48,24 +65,27 @@ def plain(llm):
 
 @pytest.mark.parametrize("steps", [4, 8])
 def test_greedy_tokens_and_logprobs_equal_single_step(request, steps, plain):
-    multi = request.getfixturevalue("multi_llm") if steps == 4 else LLM(num_scheduler_steps=steps)
-    assert_same(chat(multi, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, logprobs=3)), plain)
-    # max_tokens inside a group (13 is no multiple of 4 or 8): the tokens and logprobs single-step starts with.
-    assert_same(chat(multi, SamplingParams(max_tokens=13, temperature=0, logprobs=3)), plain, num_tokens=13)
+    multi = request.getfixturevalue("multi_llm" if steps == 4 else "multi8_llm")
+    # In one batch, max_tokens inside a group too (13 is no multiple of 4 or 8): the tokens and logprobs
+    # single-step starts with.
+    params = [SamplingParams(max_tokens=n, temperature=0, logprobs=3) for n in (MAX_TOKENS, 13) for _ in PROMPTS]
+    outputs = chat(multi, params, PROMPTS * 2)
+    assert_same(outputs[:len(PROMPTS)], plain)
+    assert_same(outputs[len(PROMPTS):], plain, num_tokens=13)
 
 
 def test_stop_strings_and_eos_inside_a_group(multi_llm, llm, plain):
     text = plain[1].outputs[0].text
     stop = text[len(text) // 2:len(text) // 2 + 3]
-    for include in (False, True):
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, stop=[stop], include_stop_str_in_output=include)
-        assert_same(chat(multi_llm, params, PROMPTS[1:]), chat(llm, params, PROMPTS[1:]))
-    # A short answer ends with EOS before max_tokens, in the middle of a group.
-    prompts = ["Reply with one word: is water wet?"]
-    params = SamplingParams(max_tokens=40, temperature=0)
+    # One batch: the stop string left out and kept, and a short answer that ends with EOS before max_tokens,
+    # in the middle of a group.
+    prompts = PROMPTS[1:] * 2 + ["Reply with one word: is water wet?"]
+    params = [SamplingParams(max_tokens=MAX_TOKENS, temperature=0, stop=[stop], include_stop_str_in_output=include)
+              for include in (False, True)] + [SamplingParams(max_tokens=40, temperature=0)]
     want = chat(llm, params, prompts)
-    assert want[0].outputs[0].finish_reason == "stop" and want[0].outputs[0].stop_reason is None
-    assert len(want[0].outputs[0].token_ids) % 4 != 1  # not at a group's first token
+    eos = want[-1].outputs[0]
+    assert eos.finish_reason == "stop" and eos.stop_reason is None
+    assert len(eos.token_ids) % 4 != 1  # not at a group's first token
     assert_same(chat(multi_llm, params, prompts), want)
 
 
@@ -96,8 +116,8 @@ def _step_outputs(engine: LLMEngine, params: SamplingParams) -> list[list]:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_engine_step_streams_each_token_or_each_group(stream, llm):
-    engine = LLMEngine.from_engine_args(EngineArgs(num_scheduler_steps=4, multi_step_stream_outputs=stream))
+def test_engine_step_streams_each_token_or_each_group(request, stream, llm):
+    engine = streaming_engine(request, stream)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     steps = _step_outputs(engine, params)
     counts: dict[str, list[int]] = {}
@@ -113,8 +133,8 @@ def test_engine_step_streams_each_token_or_each_group(stream, llm):
     assert [finals[str(i)].outputs[0].text for i in range(len(PROMPTS))] == [w.outputs[0].text for w in want]
 
 
-def test_abort_inside_a_group_drops_its_streamed_tokens():
-    engine = LLMEngine.from_engine_args(EngineArgs(num_scheduler_steps=8))
+def test_abort_inside_a_group_drops_its_streamed_tokens(multi8_llm):
+    engine = multi8_llm.llm_engine
     engine.add_request("a", PROMPTS[0], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     engine.add_request("b", PROMPTS[1], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     engine.step()  # the prefills
@@ -127,10 +147,10 @@ def test_abort_inside_a_group_drops_its_streamed_tokens():
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_async_engine_streams_deltas_that_add_up(stream, llm):
+def test_async_engine_streams_deltas_that_add_up(request, stream, llm):
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
     loop = asyncio.new_event_loop()
-    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(num_scheduler_steps=4, multi_step_stream_outputs=stream))
+    engine = AsyncLLMEngine(streaming_engine(request, stream))
 
     async def collect():
         return [o async for o in engine.generate(PROMPTS[0], params, "r")]

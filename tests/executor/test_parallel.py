@@ -21,6 +21,14 @@ def expected(llm):
     return llm.generate(PROMPTS, PARAMS, use_tqdm=False)
 
 
+@pytest.fixture(scope="module")
+def pipeline_llm():
+    """Two pipeline stages on the backend chosen for several workers (mp), shared by the tests below."""
+    llm = LLM(pipeline_parallel_size=2, num_gpu_blocks_override=64)
+    yield llm
+    llm.llm_engine.model_executor.shutdown()
+
+
 def _assert_equal_up_to_near_ties(outputs: list, expected: list) -> None:
     """Equal tokens, logprobs within LOGPROB_TOLERANCE; a first divergence only where the in-process run's top
     two logprobs are within TIE_MARGIN (after it the texts differ, so the comparison stops)."""
@@ -36,22 +44,25 @@ def _assert_equal_up_to_near_ties(outputs: list, expected: list) -> None:
 
 @pytest.mark.parametrize("kwargs", [
     dict(distributed_executor_backend="mp", tensor_parallel_size=3),
-    dict(distributed_executor_backend="mp", pipeline_parallel_size=2),
+    dict(distributed_executor_backend="mp", pipeline_parallel_size=2),  # pipeline_llm
     dict(distributed_executor_backend="ray", tensor_parallel_size=3),
 ], ids=["mp-tp3", "mp-pp2", "ray-tp3"])
-def test_sharded_greedy_output_equals_one_worker(kwargs, expected):
-    llm = LLM(**kwargs, num_gpu_blocks_override=64)
+def test_sharded_greedy_output_equals_one_worker(request, kwargs, expected):
+    shared = "pipeline_parallel_size" in kwargs
+    llm = request.getfixturevalue("pipeline_llm") if shared else LLM(**kwargs, num_gpu_blocks_override=64)
+    executor = llm.llm_engine.model_executor
     try:
-        executor = llm.llm_engine.model_executor
+        backend = llm.llm_engine.get_parallel_config().distributed_executor_backend
+        assert backend == kwargs["distributed_executor_backend"]
         assert len(llm.collective_rpc("check_health")) == (3 if "tensor_parallel_size" in kwargs else 2)
         _assert_equal_up_to_near_ties(llm.generate(PROMPTS, PARAMS, use_tqdm=False), expected)
     finally:
-        executor.shutdown()
+        if not shared:
+            executor.shutdown()
 
 
-def test_pipeline_virtual_engines_each_schedule_their_own_requests(expected):
-    llm = LLM(pipeline_parallel_size=2, num_gpu_blocks_override=64)
-    engine = llm.llm_engine
+def test_pipeline_virtual_engines_each_schedule_their_own_requests(pipeline_llm, expected):
+    engine = pipeline_llm.llm_engine
     try:
         assert len(engine.schedulers) == 2
         for i, prompt in enumerate(PROMPTS):
@@ -68,7 +79,8 @@ def test_pipeline_virtual_engines_each_schedule_their_own_requests(expected):
         assert {out.virtual_engine for out in planned} == {0, 1}
         _assert_equal_up_to_near_ties([outputs[str(i)] for i in range(len(PROMPTS))], expected)
     finally:
-        engine.model_executor.shutdown()
+        for scheduler in engine.schedulers:  # the shared engine plans as before
+            vars(scheduler).pop("schedule", None)
 
 
 def test_a_tensor_parallel_size_that_does_not_divide_the_heads_is_refused_at_start(default_model):

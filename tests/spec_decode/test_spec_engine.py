@@ -71,10 +71,11 @@ def test_greedy_outputs_equal_plain_decoding(request, config, greedy_plain):
 def test_stops_inside_an_accepted_run_cut_there(ngram_llm, llm, greedy_plain):
     text = greedy_plain[0].outputs[0].text
     stop = text[len(text) // 2:len(text) // 2 + 3]
-    for params in (SamplingParams(max_tokens=40, temperature=0, stop=[stop]),
-                   SamplingParams(max_tokens=13, temperature=0, logprobs=1),
-                   SamplingParams(max_tokens=40, temperature=0, stop=[stop], include_stop_str_in_output=True)):
-        assert_same_as_plain(chat(ngram_llm, params), chat(llm, params))
+    cases = (SamplingParams(max_tokens=40, temperature=0, stop=[stop]),
+             SamplingParams(max_tokens=13, temperature=0, logprobs=1),
+             SamplingParams(max_tokens=40, temperature=0, stop=[stop], include_stop_str_in_output=True))
+    params = [p for p in cases for _ in PROMPTS]  # every case on every prompt, in one batch
+    assert_same_as_plain(chat(ngram_llm, params, PROMPTS * len(cases)), chat(llm, params, PROMPTS * len(cases)))
 
 
 def test_under_preemption_outputs_equal_plain_decoding(llm):
@@ -107,9 +108,10 @@ def test_guided_requests_speculate_and_decode_as_plain(request, config, llm):
     """Each verified position is masked by the grammar after the proposals before it: the greedy text is plain
     guided decoding's, and proposals were verified (and some kept) for every guided request."""
     spec_llm = request.getfixturevalue("ngram_llm" if config is NGRAM else "int8_llm")
-    for prompt, guided in GUIDED:
-        params = SamplingParams(max_tokens=60, temperature=0, logprobs=2, guided_decoding=guided)
-        outputs = chat(spec_llm, params, [prompt])
-        assert_same_as_plain(outputs, chat(llm, params, [prompt]))
-        counts = outputs[0].metrics.spec_token_acceptance_counts
+    prompts = [prompt for prompt, _ in GUIDED]
+    params = [SamplingParams(max_tokens=60, temperature=0, logprobs=2, guided_decoding=guided) for _, guided in GUIDED]
+    outputs = chat(spec_llm, params, prompts)  # the grammars side by side in one batch
+    assert_same_as_plain(outputs, chat(llm, params, prompts))
+    for output in outputs:
+        counts = output.metrics.spec_token_acceptance_counts
         assert counts is not None and counts[1] > 0

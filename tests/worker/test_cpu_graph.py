@@ -33,9 +33,15 @@ def _assert_same(outputs: list, expected: list) -> None:
                 {t: p.logprob for t, p in want_step.items()}, abs=1e-5)
 
 
+@pytest.fixture(scope="module")
+def eager_run(tiny_model_dir) -> tuple[LLM, list]:
+    """The tiny model's outputs without CPU graphs, on the linear backends this machine picks."""
+    return _generate(tiny_model_dir, enforce_eager=True)
+
+
 @pytest.mark.slow
-def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir):
-    eager_llm, eager = _generate(tiny_model_dir, enforce_eager=True)
+def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir, eager_run):
+    eager_llm, eager = eager_run
     assert _runner(eager_llm).decode_graphs is None
     llm, replayed = _generate(tiny_model_dir)
     assert set(_runner(llm).decode_graphs.graphs) == set(range(1, MAX_GRAPH_BATCH + 1))
@@ -61,8 +67,8 @@ def test_every_linear_backend_replays_as_eager(tiny_model_dir, monkeypatch, back
     (cpu_kernels, "load_layer_ops"),  # the first norm in PyTorch: refused before any kernel ran
     (attention, "load_attention_kernel"),  # attention in PyTorch: refused after the first cache write
 ])
-def test_forward_with_pytorch_operators_runs_eagerly(tiny_model_dir, monkeypatch, module, loader):
-    _, eager = _generate(tiny_model_dir, enforce_eager=True)
+def test_forward_with_pytorch_operators_runs_eagerly(tiny_model_dir, eager_run, monkeypatch, module, loader):
+    _, eager = eager_run
     monkeypatch.setattr(module, loader, lambda *shape: None)
     llm, outputs = _generate(tiny_model_dir)
     graphs = _runner(llm).decode_graphs
