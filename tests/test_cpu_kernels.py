@@ -56,6 +56,25 @@ def test_silu_and_mul(ops):
     torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [3, 40])  # one thread, and rows enough to run in parallel
+def test_row_max_equals_torch_max_with_ties_infinities_and_nan(rows):
+    row_max = cpu_kernels.load_row_max()
+    assert row_max is not None
+    generator = torch.Generator().manual_seed(0)
+    # Few distinct values across blocks of the kernel's pass, so that maxima tie within and across blocks.
+    x = torch.randint(-3, 3, (rows, 1300), generator=generator).float()
+    x[0] = float("-inf")  # every token masked
+    x[1, :700] = float("-inf")
+    x[1, 1299] = 5.0  # the maximum in the last, partial block
+    x[2, 9], x[2, 600] = float("nan"), float("nan")  # the first NaN, as torch.max gives it
+    x[-1, 17] = float("inf")
+    for logits in (x, torch.cat([x, x], dim=1)[:, 3:1303]):  # contiguous, and rows apart by more than their length
+        values, indices = row_max(logits)
+        expected = logits.max(dim=-1)
+        assert torch.equal(indices, expected.indices)
+        assert torch.equal(values.nan_to_num(), expected.values.nan_to_num())
+
+
 @pytest.mark.slow
 def test_model_with_c_layer_steps_equals_pytorch_operators(tiny_model_dir, monkeypatch):
     prompts = [{"prompt_token_ids": list(range(10 + i, 40 + 5 * i))} for i in range(3)]

@@ -28,9 +28,10 @@ from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.model.loader import load_model
+from pagedllm.sample.sampler import row_max
 from pagedllm.spec_decode.proposer import DraftContext, Proposer
 from pagedllm.worker.batch import build_model_input
-from pagedllm.worker.cpu_graph import DecodeGraphs
+from pagedllm.worker.cpu_graph import DecodeGraphs, DecodeRow
 from pagedllm.worker.sleep import OffloadedWeights, release_free_memory
 
 # A feed of at most this many new tokens runs as decode rows (the C decode kernel, CPU graphs); a longer one
@@ -184,12 +185,28 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def _next_tokens(self, feeds: list[_Feed]) -> list[int]:
         """One forward pass of the draft over each feed's new tokens: its greedy next token, in `feeds` order."""
+        hidden = self._decode_rows(feeds)
+        if hidden is not None:  # one row per feed, in order
+            return self._greedy(hidden)
         batch = build_model_input([(feed, feed.layout()) for feed in feeds], self.block_size, self.device)
         hidden = self.graphs.forward(batch) if self.graphs is not None else None
         if hidden is None:
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
         last = torch.tensor([start + n - 1 for start, n in zip(batch.query_starts, batch.num_new_tokens)],
                             device=self.device)
-        tokens = dict(zip((feed.request_id for feed in batch.requests),
-                          self.model.compute_logits(hidden[last]).argmax(dim=-1).tolist()))
+        tokens = dict(zip((feed.request_id for feed in batch.requests), self._greedy(hidden[last])))
         return [tokens[feed.request_id] for feed in feeds]
+
+    def _decode_rows(self, feeds: list[_Feed]) -> Optional[torch.Tensor]:
+        """The final hidden states of feeds that each feed one token after cached ones (every step of the
+        self-draft, and the draft's own steps after the first), from a CPU graph with its inputs written
+        directly: laying out a batch for each token cost more than the graph's dispatch. None where a feed has
+        more to feed or no graph takes the rows."""
+        if self.graphs is None or any(len(feed.tokens) - feed.num_computed_tokens != 1 or not feed.num_computed_tokens
+                                      for feed in feeds):
+            return None
+        rows = [DecodeRow(feed.tokens[-1], feed.num_computed_tokens, feed.block_ids) for feed in feeds]
+        return self.graphs.forward_rows(rows, self.block_size)
+
+    def _greedy(self, hidden: torch.Tensor) -> list[int]:
+        return row_max(self.model.compute_logits(hidden))[1].tolist()

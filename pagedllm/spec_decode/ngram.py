@@ -7,15 +7,28 @@ from pagedllm.spec_decode.proposer import DraftContext, Proposer
 
 
 def lookup(tokens: list[int], num_tokens: int, min_n: int, max_n: int) -> list[int]:
-    """The up to `num_tokens` tokens after the latest earlier match of the longest suffix that has one."""
-    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-        suffix = tokens[-n:]
-        first = suffix[0]
-        # A match ends before the last token, so that at least one token follows it.
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start] == first and tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + num_tokens]
-    return []
+    """The up to `num_tokens` tokens after the latest earlier match of the longest suffix that has one.
+
+    One pass back over the earlier occurrences of the last token, each extended backwards as far as it matches
+    the suffix (up to max_n): scanning the context once per suffix length cost 0.2-0.6 ms a step where nothing
+    matched, a few percent of a verification step."""
+    last = len(tokens) - 1
+    longest = min(max_n, last)  # a match ends before the last token, so that at least one token follows it
+    reversed_tokens = tokens[::-1]
+    best_n, best_end, since = 0, -1, 1
+    while best_n < longest:
+        try:
+            since = reversed_tokens.index(tokens[last], since)
+        except ValueError:
+            break
+        end = last - since
+        n = 1
+        while n < longest and n <= end and tokens[end - n] == tokens[last - n]:
+            n += 1
+        if n > best_n:  # the latest match of each length is found first
+            best_n, best_end = n, end
+        since += 1
+    return tokens[best_end + 1:best_end + 1 + num_tokens] if best_n >= min_n else []
 
 
 class NgramProposer(Proposer):

@@ -9,7 +9,7 @@ import torch
 
 from pagedllm.core.runner_output import TokenLogprobs
 from pagedllm.sample.metadata import SamplingMetadata
-from pagedllm.sample.sampler import gather_logprobs, process_logits, random_probs
+from pagedllm.sample.sampler import gather_logprobs, process_logits, random_probs, row_max
 from pagedllm.sampling_params import SamplingParams, SamplingType
 from pagedllm.spec_decode.rejection import accept_greedy, accept_sampled
 from pagedllm.worker.input_state import WorkerRequest
@@ -40,7 +40,7 @@ def verify_proposals(logits: torch.Tensor, requests: list[WorkerRequest], genera
     meta = SamplingMetadata.build(rows, generators, vocab_size, device, grammar_bitmasks)
     logits = process_logits(logits, meta)
     logprobs = torch.log_softmax(logits, dim=-1) if meta.max_num_logprobs is not None else None
-    greedy = logits.max(dim=-1).indices.tolist()
+    greedy = row_max(logits)[1].tolist()
     probs = None if meta.all_greedy else random_probs(logits, meta)
     sampled, sampled_logprobs = {}, {}
     start = 0

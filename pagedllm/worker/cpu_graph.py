@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import torch
 from torch import nn
@@ -60,6 +60,14 @@ class _OnlyKernels(TorchDispatchMode):
         return out
 
 
+class DecodeRow(NamedTuple):
+    """A decode row as plain values: the token fed, its position, and its sequence's blocks."""
+
+    token_id: int
+    position: int
+    block_ids: list[int]
+
+
 class DecodeGraph:
     """One decode batch size's recorded forward pass, over input buffers of that size."""
 
@@ -86,6 +94,22 @@ class DecodeGraph:
         self.meta.decode_context_lens.copy_(meta.decode_context_lens)
         # Columns past this step's widest table keep older ids: the kernel reads only a row's own blocks.
         self.meta.decode_block_tables[:, :meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
+        return self._replay()
+
+    def run_rows(self, rows: list[DecodeRow], block_size: int) -> torch.Tensor:
+        """As `run`, for rows of one token each given as plain values: written straight into the input
+        buffers, for a caller that steps one token at a time (a draft model proposing)."""
+        positions, slots, lens, tables = (buffer.numpy() for buffer in (
+            self.positions, self.meta.slot_mapping, self.meta.decode_context_lens, self.meta.decode_block_tables))
+        for r, (_, position, block_ids) in enumerate(rows):
+            positions[r] = position
+            slots[r] = block_ids[position // block_size] * block_size + position % block_size
+            lens[r] = position + 1
+            tables[r, :len(block_ids)] = block_ids
+        self.input_embeds.copy_(self.model.embed(torch.tensor([row.token_id for row in rows])))
+        return self._replay()
+
+    def _replay(self) -> torch.Tensor:
         if self._steps is None:
             with recording_calls() as recording, _OnlyKernels():
                 self._output = self.model(self.input_embeds, self.positions, self.kv_caches, self.meta)
@@ -136,16 +160,24 @@ class DecodeGraphs:
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
         """The batch's final hidden states from its graph, or None where it has none: prefill tokens, a
-        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, prompt embeddings, or a model whose forward
-        pass cannot be recorded."""
-        size = graph_rows(batch, MAX_GRAPH_BATCH, self.max_blocks)
+        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, prompt embeddings, or a model
+        whose forward pass cannot be recorded."""
+        return self._run(graph_rows(batch, MAX_GRAPH_BATCH, self.max_blocks), lambda graph: graph.run(batch))
+
+    def forward_rows(self, rows: list[DecodeRow], block_size: int) -> Optional[torch.Tensor]:
+        """The final hidden states of these one-token decode rows, or None where no graph takes them (too many
+        rows, block tables wider than max_model_len needs, or a model that cannot be recorded)."""
+        fits = len(rows) <= MAX_GRAPH_BATCH and all(len(row.block_ids) <= self.max_blocks for row in rows)
+        return self._run(len(rows) if fits and rows else None, lambda graph: graph.run_rows(rows, block_size))
+
+    def _run(self, size: Optional[int], run: Callable[[DecodeGraph], torch.Tensor]) -> Optional[torch.Tensor]:
         if self.run_plan is None or size is None:
             return None
         graph = self.graphs.get(size)
         if graph is None:
             graph = self.graphs[size] = DecodeGraph(self.model, self.kv_caches, self.run_plan, size, self.max_blocks)
         try:
-            return graph.run(batch)
+            return run(graph)
         except CaptureRefused as reason:
             # What ran before the refusal is repeated eagerly: it rewrites the same cache slots with the same keys.
             logger.info("Decode steps run eagerly: %s, which a CPU graph cannot replay.", reason)
