@@ -162,7 +162,7 @@ _HELP = {
                            "back for the next step.",
     "multi_step_stream_outputs": "With multi-step, output each token as it is taken (default), or each group's "
                                  "tokens at its end.",
-    "enforce_eager": "Run every step through the model's Python code: no CPU graphs for small decode batches, no "
+    "enforce_eager": "Run every step through the model's Python code: no CPU graphs for decode batches, no "
                      "CUDA graphs on a GPU.",
 }
 

@@ -26,14 +26,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from pagedllm.model.attention import AttentionMetadata, KVCache
 from pagedllm.model.cpu_kernels import RecordedCall, TorchStep, in_torch_step, load_plan_runner, recording_calls
 from pagedllm.worker.batch import ModelInput
+from pagedllm.worker.graph_arena import GraphArena
 from pagedllm.worker.graph_dispatch import graph_rows
 
 logger = logging.getLogger(__name__)
 
-# Largest decode batch replayed: past it a step's matmuls and attention grow with the batch while dispatch
-# does not (about 2% of a 64-sequence step), and each graph keeps its intermediate results (1 MB per
-# sequence for the default model).
-MAX_GRAPH_BATCH = 8
+# Largest decode batch replayed. Dispatch from Python costs the same at any batch size, while the step's
+# matmuls and attention grow with it; at 64 sequences of the default model it was still 7% of the step's CPU
+# time, and more of its wall time, as it runs on one thread while the kernels run on all. The graphs share
+# one arena for their intermediate results (graph_arena.py): 1 MB per sequence of the largest graph.
+MAX_GRAPH_BATCH = 64
 
 _ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
                 torch.ops.aten.new_empty.default}
@@ -45,12 +47,19 @@ class CaptureRefused(Exception):
 
 class _OnlyKernels(TorchDispatchMode):
     """Lets views, allocations and the operators of replayable steps through and refuses any other PyTorch
-    operator, and a view operator (reshape, flatten) that had to copy."""
+    operator, and a view operator (reshape, flatten) that had to copy. Given an arena, the kernels' contiguous
+    CPU allocations come from it."""
+
+    def __init__(self, arena: Optional[GraphArena] = None) -> None:
+        super().__init__()
+        self.arena = arena
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         if in_torch_step():
             return func(*args, **(kwargs or {}))
-        if not (func.is_view or func in _ALLOCATIONS):
+        if func in _ALLOCATIONS:
+            return self._allocate(func, args, kwargs or {})
+        if not func.is_view:
             raise CaptureRefused(f"the forward pass runs {func}")
         out = func(*args, **(kwargs or {}))
         views = out if isinstance(out, list) else [out]
@@ -58,6 +67,21 @@ class _OnlyKernels(TorchDispatchMode):
         if storage is not None and any(view.untyped_storage().data_ptr() != storage for view in views):
             raise CaptureRefused(f"the forward pass copies in {func}")
         return out
+
+    def _allocate(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        """The allocation from the arena where it asks for a contiguous CPU tensor, else as asked."""
+        if func is torch.ops.aten.empty.memory_format:
+            like, shape = None, args[0]
+        else:
+            like = args[0]
+            shape = like.shape if func is torch.ops.aten.empty_like.default else args[1]
+        dtype = kwargs.get("dtype") or (like.dtype if like is not None else torch.get_default_dtype())
+        device = kwargs.get("device") or (like.device if like is not None else torch.device("cpu"))
+        contiguous = kwargs.get("memory_format") in (None, torch.contiguous_format, torch.preserve_format) and (
+            func is not torch.ops.aten.empty_like.default or like.is_contiguous())
+        if self.arena is None or torch.device(device).type != "cpu" or not contiguous or kwargs.get("pin_memory"):
+            return func(*args, **kwargs)
+        return self.arena.allocate(shape, dtype)
 
 
 class DecodeRow(NamedTuple):
@@ -71,9 +95,9 @@ class DecodeRow(NamedTuple):
 class DecodeGraph:
     """One decode batch size's recorded forward pass, over input buffers of that size."""
 
-    def __init__(self, model: nn.Module, kv_caches: list[KVCache], run_plan: Callable, batch_size: int,
-                 max_blocks: int) -> None:
-        self.model, self.kv_caches, self.run_plan = model, kv_caches, run_plan
+    def __init__(self, model: nn.Module, kv_caches: list[KVCache], run_plan: Callable, arena: GraphArena,
+                 batch_size: int, max_blocks: int) -> None:
+        self.model, self.kv_caches, self.run_plan, self.arena = model, kv_caches, run_plan, arena
         hidden_size = model.embed_tokens.embedding_dim
         self.input_embeds = torch.zeros(batch_size, hidden_size, dtype=model.embed_tokens.weight.dtype)
         self.positions = torch.zeros(batch_size, dtype=torch.long)
@@ -85,8 +109,8 @@ class DecodeGraph:
         self._output: Optional[torch.Tensor] = None
 
     def run(self, batch: ModelInput) -> torch.Tensor:
-        """The final hidden states [B, hidden] of this decode batch (a buffer that the next run overwrites);
-        the first run records the calls, raising CaptureRefused where it cannot."""
+        """The final hidden states [B, hidden] of this decode batch (in the arena, which the next run of any
+        graph over it overwrites); the first run records the calls, raising CaptureRefused where it cannot."""
         meta = batch.attn_metadata
         self.input_embeds.copy_(self.model.embed(batch.input_ids))
         self.positions.copy_(batch.positions)
@@ -111,7 +135,8 @@ class DecodeGraph:
 
     def _replay(self) -> torch.Tensor:
         if self._steps is None:
-            with recording_calls() as recording, _OnlyKernels():
+            self.arena.restart()
+            with recording_calls() as recording, _OnlyKernels(self.arena):
                 self._output = self.model(self.input_embeds, self.positions, self.kv_caches, self.meta)
             self._steps = _steps(recording, self.run_plan)
         else:
@@ -156,6 +181,7 @@ class DecodeGraphs:
         self.kv_caches = kv_caches
         self.max_blocks = -(-max_model_len // block_size)
         self.graphs: dict[int, DecodeGraph] = {}
+        self.arena = GraphArena()
         self.run_plan = load_plan_runner()
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
@@ -175,7 +201,8 @@ class DecodeGraphs:
             return None
         graph = self.graphs.get(size)
         if graph is None:
-            graph = self.graphs[size] = DecodeGraph(self.model, self.kv_caches, self.run_plan, size, self.max_blocks)
+            graph = self.graphs[size] = DecodeGraph(self.model, self.kv_caches, self.run_plan, self.arena, size,
+                                                        self.max_blocks)
         try:
             return run(graph)
         except CaptureRefused as reason:
@@ -183,4 +210,5 @@ class DecodeGraphs:
             logger.info("Decode steps run eagerly: %s, which a CPU graph cannot replay.", reason)
             self.run_plan = None
             self.graphs.clear()
+            self.arena = GraphArena()
             return None

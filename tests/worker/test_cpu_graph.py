@@ -8,10 +8,13 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.model import attention, cpu_kernels
 from pagedllm.model.linear_backend import ENV_VAR
 from pagedllm.model.linear_timing import BACKENDS, present
-from pagedllm.worker.cpu_graph import MAX_GRAPH_BATCH, CaptureRefused, _OnlyKernels
+from pagedllm.worker import cpu_graph
+from pagedllm.worker.cpu_graph import CaptureRefused, _OnlyKernels
+from pagedllm.worker.graph_arena import GraphArena
 
-# Ten requests that finish one after another: decode batches from 10 down to 1, eager above MAX_GRAPH_BATCH
-# and replayed below it; 40 tokens after prompts of 20-47 cross block boundaries, so block tables widen.
+# Ten requests that finish one after another: decode batches from 10 down to 1, each replayed from its own
+# graph, all graphs over one arena; 40 tokens after prompts of 20-47 cross block boundaries, so block tables
+# widen.
 PROMPTS = [{"prompt_token_ids": list(range(10 + i, 30 + 3 * i))} for i in range(10)]
 PARAMS = [SamplingParams(temperature=0.0, max_tokens=4 + 4 * i, ignore_eos=True, logprobs=2) for i in range(10)]
 
@@ -44,9 +47,19 @@ def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir, eager_run):
     eager_llm, eager = eager_run
     assert _runner(eager_llm).decode_graphs is None
     llm, replayed = _generate(tiny_model_dir)
-    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, MAX_GRAPH_BATCH + 1))
+    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, len(PROMPTS) + 1))
     _assert_same(replayed, eager)
-    _assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), eager)  # every size now replays
+    # Every size now replays, each over intermediates that the captures of the others overwrote.
+    _assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), eager)
+
+
+@pytest.mark.slow
+def test_batches_above_the_largest_graph_run_eagerly(tiny_model_dir, monkeypatch):
+    _, eager = _generate(tiny_model_dir, enforce_eager=True)
+    monkeypatch.setattr(cpu_graph, "MAX_GRAPH_BATCH", 8)
+    llm, outputs = _generate(tiny_model_dir)
+    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, 9))
+    _assert_same(outputs, eager)
 
 
 @pytest.mark.slow
@@ -58,7 +71,7 @@ def test_every_linear_backend_replays_as_eager(tiny_model_dir, monkeypatch, back
     monkeypatch.setenv(ENV_VAR, backend)
     _, eager = _generate(tiny_model_dir, enforce_eager=True)
     llm, replayed = _generate(tiny_model_dir)
-    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, MAX_GRAPH_BATCH + 1))
+    assert set(_runner(llm).decode_graphs.graphs) == set(range(1, len(PROMPTS) + 1))
     _assert_same(replayed, eager)
 
 
@@ -82,6 +95,7 @@ def test_capture_refuses_computation_and_allows_views():
     with _OnlyKernels():
         x.view(2, 12).split([1, 1])
         torch.empty_like(x)
+        x.new_empty(3)
         with pytest.raises(CaptureRefused, match="add"):
             x + 1
         with pytest.raises(CaptureRefused, match="copies"):
@@ -96,3 +110,18 @@ def test_default_model_replays_batch_one_as_eager(llm, default_model):
     assert 1 in _runner(llm).decode_graphs.graphs
     eager = LLM(default_model, enforce_eager=True).generate(prompt, params, use_tqdm=False)
     _assert_same(replayed, eager)
+
+
+@torch.inference_mode()
+def test_capture_allocates_contiguous_tensors_in_the_arena():
+    arena = GraphArena()
+    x = torch.randn(4, 6)
+    with _OnlyKernels(arena):
+        made = [torch.empty(2, 3), torch.empty_like(x), x.new_empty(5, dtype=torch.long)]
+        strided = torch.empty_like(x.t())  # keeps its input's strides: not from the arena
+    chunk = arena.chunks[0]
+    for tensor, (shape, dtype) in zip(made, [((2, 3), torch.float32), ((4, 6), torch.float32),
+                                             ((5,), torch.long)]):
+        assert tensor.shape == shape and tensor.dtype == dtype and tensor.is_contiguous()
+        assert tensor.untyped_storage().data_ptr() == chunk.data_ptr()
+    assert strided.untyped_storage().data_ptr() != chunk.data_ptr()
