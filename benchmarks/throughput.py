@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
-from benchmarks.machine_limits import matmul_rate  # noqa: E402
+from benchmarks.machine_limits import measure_limits  # noqa: E402
 from benchmarks.vllm_baseline import run_vllm  # noqa: E402
 
 TARGET_RATIO = 1.6
@@ -179,7 +179,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     workload = load_workload(args.workload, args.workloads_file)
     prompts = token_prompts(workload, workload["num_prompts"])
     output_len = workload["output_len"]
-    peak_gflops = args.peak_gflops or run_in_child(matmul_rate, benchmark_device(args)) / 1e9
+    peak_gflops = args.peak_gflops or (
+        run_in_child(measure_limits, 4, benchmark_device(args))["matmul_flops_per_s"] / 1e9)
     limit = peak_gflops * 1e9 * output_len / default_model_flops(workload["input_len"], output_len)
     print(f"{args.workload}: {len(prompts)} requests x {workload['input_len']} in / {output_len} out; "
           f"compute limit {limit:.0f} output tok/s at {peak_gflops:.0f} GFLOP/s", flush=True)
