@@ -85,16 +85,13 @@ def _pack_for_cpu(linears: list[MergedLinear], bfloat16: bool) -> None:
     """int8 weights take the panel kernel, which converts them as it streams them; so do float32 ones rounded
     to bfloat16 where the model's dtype is bfloat16 (ModelConfig.activation_dtype); the other float32 weights
     take the backend measured fastest on this CPU for their shape."""
-    if bfloat16:
-        float32 = [m for m in linears if m.scales is None and not m.pack_panels(bfloat16=True)]
-        if float32:
-            logger.warning("%d linear layers stay float32 under dtype=bfloat16: the panel kernel cannot take "
-                           "them (no C compiler, or an output size that is not whole panels).", len(float32))
-    else:
-        float32 = [m for m in linears if m.scales is None]
-    backends = choose_backends(tuple(m.weight.shape) for m in float32)
     for module in linears:
-        if module in float32:
-            pack(module, backends[tuple(module.weight.shape)])
-        elif module.scales is not None:
+        if module.scales is not None:
             module.pack_panels()
+    float32 = [m for m in linears if m.scales is None and not (bfloat16 and m.pack_panels(bfloat16=True))]
+    if bfloat16 and float32:
+        logger.warning("%d linear layers stay float32 under dtype=bfloat16: the panel kernel cannot take them (no "
+                       "C compiler, or an output size that is not whole panels).", len(float32))
+    backends = choose_backends(tuple(m.weight.shape) for m in float32)
+    for module in float32:
+        pack(module, backends[tuple(module.weight.shape)])

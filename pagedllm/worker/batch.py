@@ -26,6 +26,11 @@ class ModelInput:
     prompt_embeds: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
 
+def cache_slot(block_ids: list[int], position: int, block_size: int) -> int:
+    """The KV cache slot of a sequence's token at `position`, given the sequence's blocks."""
+    return block_ids[position // block_size] * block_size + position % block_size
+
+
 def _is_decode(request: WorkerRequest, n: int) -> bool:
     """A request's last token, and any proposed tokens after it: each is a decode row of its own over the
     request's blocks (attending to the keys up to its position), so verification runs the decode kernel."""
@@ -51,7 +56,7 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
         ids.extend(tokens + request.spec_token_ids[:n - len(tokens)])
         positions.extend(range(begin, begin + n))
         table = request.block_ids
-        slots.extend(table[p // block_size] * block_size + p % block_size for p in range(begin, begin + n))
+        slots.extend(cache_slot(table, p, block_size) for p in range(begin, begin + n))
     decode_rows = [(r, r.num_computed_tokens + j + 1) for r, n in decodes for j in range(n)]
     num_prefill_tokens = len(ids) - len(decode_rows)
     block_tables = _block_tables([r for r, _ in decode_rows])

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedllm.model.attention import AttentionMetadata, KVCache
 from pagedllm.model.cpu_kernels import RecordedCall, TorchStep, in_torch_step, load_plan_runner, recording_calls
-from pagedllm.worker.batch import ModelInput
+from pagedllm.worker.batch import ModelInput, cache_slot
 from pagedllm.worker.graph_arena import GraphArena
 from pagedllm.worker.graph_dispatch import graph_rows
 
@@ -127,7 +127,7 @@ class DecodeGraph:
             self.positions, self.meta.slot_mapping, self.meta.decode_context_lens, self.meta.decode_block_tables))
         for r, (_, position, block_ids) in enumerate(rows):
             positions[r] = position
-            slots[r] = block_ids[position // block_size] * block_size + position % block_size
+            slots[r] = cache_slot(block_ids, position, block_size)
             lens[r] = position + 1
             tables[r, :len(block_ids)] = block_ids
         self.input_embeds.copy_(self.model.embed(torch.tensor([row.token_id for row in rows])))

@@ -8,6 +8,7 @@ is what lets large decode batches replay too.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -30,9 +31,7 @@ class GraphArena:
 
     def allocate(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """A contiguous tensor of this shape and dtype, with undefined contents, in the arena."""
-        numel = 1
-        for size in shape:
-            numel *= size
+        numel = math.prod(shape)
         nbytes = max(numel * dtype.itemsize, 1)
         while True:
             if self._chunk == len(self.chunks):
