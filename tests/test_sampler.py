@@ -7,7 +7,7 @@ import torch
 
 from pagedllm.core.request import Request
 from pagedllm.sample.metadata import SamplingMetadata
-from pagedllm.sample.sampler import Sampler
+from pagedllm.sample.sampler import UNSAMPLEABLE, Sampler
 from pagedllm.sampling_params import SamplingParams
 
 VOCAB = 12
@@ -100,3 +100,20 @@ def test_seeded_rows_ignore_the_rest_of_the_batch(seed):
     batch = run([_request("x", [1], []), _request("s", [1], [], seed=seed), _request("y", [1], [], top_k=2)],
                 [0, 1, 2])
     assert batch.token_ids[1] == alone.token_ids[0]
+
+
+def test_rows_that_cannot_be_sampled_fail_alone_with_why():
+    """A row whose largest logit is not finite gets the UNSAMPLEABLE token, and the reason comes with the
+    tokens' one transfer to the host; the other rows keep their tokens."""
+    logits = torch.randn(4, VOCAB)
+    logits[1, 5] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, 7] = float("inf")
+    requests = [_request(name, [1], [], temperature=0, logprobs=2) for name in "abcd"]
+    out = _sample(requests, logits)
+    assert out.token_ids.tolist()[1:] == [UNSAMPLEABLE] * 3
+    tokens, failed = out.to_host()
+    assert tokens[0] == int(logits[0].argmax())
+    assert failed == {1: "its logits contain NaN or infinity",
+                      2: "every token was masked out, so none can be sampled",
+                      3: "its logits contain NaN or infinity"}

@@ -21,6 +21,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from pagedllm.device_tensor import device_tensor
+
 # Query rows (tokens x heads of a KV head's group) per program, and keys per inner step. tl.dot needs at
 # least 16 on each side.
 _MIN_ROWS = 16
@@ -82,7 +84,7 @@ def prefill_tiles(meta: Any, tile_tokens: int, device: torch.device) -> torch.Te
             for column, value in zip(columns, (row, start + first, min(tile_tokens, length - first),
                                                before + first + 1)):
                 column.append(value)
-    tiles = torch.tensor(columns, dtype=torch.int32).to(device, non_blocking=True)
+    tiles = device_tensor(columns, torch.int32, device)
     meta.triton_prefill_tiles = tiles
     return tiles
 

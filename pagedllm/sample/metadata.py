@@ -7,6 +7,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import torch
 
+from pagedllm.device_tensor import device_tensor
 from pagedllm.sampling_params import SamplingParams, SamplingType
 
 
@@ -74,12 +75,12 @@ class SamplingMetadata:
         logprobs = [p.logprobs for p in params if p.logprobs is not None]
 
         def tensor(values: list, dtype: torch.dtype, unused: object) -> Optional[torch.Tensor]:
-            return None if all(v == unused for v in values) else torch.tensor(values, dtype=dtype, device=device)
+            return None if all(v == unused for v in values) else device_tensor(values, dtype, device)
 
         return cls(
-            temperature=torch.tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)],
-                                     dtype=torch.float32, device=device),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            temperature=device_tensor([1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32,
+                                      device),
+            greedy=device_tensor(greedy, torch.bool, device),
             all_greedy=all(greedy),
             top_k=tensor(top_k, torch.long, vocab_size),
             top_p=tensor([p.top_p for p in params], torch.float32, 1.0),
@@ -117,11 +118,10 @@ def _penalties(requests: list[SamplingRequest], vocab_size: int, device: torch.d
 
     def padded(lists: list[list[int]]) -> torch.Tensor:
         width = max(1, max(len(ids) for ids in lists))
-        return torch.tensor([ids + [vocab_size] * (width - len(ids)) for ids in lists], dtype=torch.long,
-                            device=device)
+        return device_tensor([ids + [vocab_size] * (width - len(ids)) for ids in lists], torch.long, device)
 
     def values(name: str) -> torch.Tensor:
-        return torch.tensor([getattr(p, name) for p in params], dtype=torch.float32, device=device)
+        return device_tensor([getattr(p, name) for p in params], torch.float32, device)
 
     return Penalties(values("presence_penalty"), values("frequency_penalty"), values("repetition_penalty"),
                      padded([r.prompt_token_ids for r in requests]), padded([r.output_token_ids for r in requests]))
@@ -134,8 +134,8 @@ def _logit_bias(requests: list[SamplingRequest], device: torch.device
     if not entries:
         return None
     rows, tokens, biases = zip(*entries)
-    return (torch.tensor(rows, device=device), torch.tensor(tokens, device=device),
-            torch.tensor(biases, dtype=torch.float32, device=device))
+    return (device_tensor(rows, torch.long, device), device_tensor(tokens, torch.long, device),
+            device_tensor(biases, torch.float32, device))
 
 
 def _allowed(requests: list[SamplingRequest], vocab_size: int, device: torch.device
@@ -146,7 +146,7 @@ def _allowed(requests: list[SamplingRequest], vocab_size: int, device: torch.dev
     mask = torch.zeros(len(rows), vocab_size, dtype=torch.bool, device=device)
     for j, i in enumerate(rows):
         mask[j, requests[i].sampling_params.allowed_token_ids] = True
-    return torch.tensor(rows, device=device), mask
+    return device_tensor(rows, torch.long, device), mask
 
 
 def _banned(requests: list[SamplingRequest], device: torch.device) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
@@ -154,7 +154,7 @@ def _banned(requests: list[SamplingRequest], device: torch.device) -> Optional[t
     if not entries:
         return None
     rows, tokens = zip(*entries)
-    return torch.tensor(rows, device=device), torch.tensor(tokens, device=device)
+    return device_tensor(rows, torch.long, device), device_tensor(tokens, torch.long, device)
 
 
 def _min_tokens_banned(request: SamplingRequest) -> set[int]:
@@ -192,4 +192,4 @@ def _grammar(requests: list[SamplingRequest], bitmasks: dict[str, torch.Tensor],
             masks.append(mask[j])
     if not rows:
         return None
-    return torch.tensor(rows, device=device), torch.stack(masks).to(device)
+    return device_tensor(rows, torch.long, device), device_tensor(torch.stack(masks), torch.int32, device)

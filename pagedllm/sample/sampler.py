@@ -18,13 +18,31 @@ from pagedllm.sample.metadata import SamplingMetadata
 LogitsStep = Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]
 
 
+# The token of a row that could not be sampled: its logits' largest value is NaN or infinite.
+UNSAMPLEABLE = -1
+
+
 class SamplerOutput(NamedTuple):
-    token_ids: torch.Tensor  # [N] long
+    # [N] long, UNSAMPLEABLE where a row's largest logit is not finite: the finiteness check travels to the
+    # host with the tokens (`to_host`), so a step waits for the device once, not once more for the check.
+    token_ids: torch.Tensor
     # When any row asked for logprobs: [N, 1 + k] ids and logprobs (the sampled token first), [N] ranks.
     logprob_token_ids: Optional[torch.Tensor]
     logprobs: Optional[torch.Tensor]
     sampled_ranks: Optional[torch.Tensor]
-    failed: dict[int, str]  # rows that could not be sampled, with why; their token is meaningless
+    maxima: torch.Tensor  # [N] each row's largest logit: why an UNSAMPLEABLE row is one
+    failed: dict[int, str]  # rows failed before sampling (a logits processor raised), with why
+
+    def to_host(self) -> tuple[list[int], dict[int, str]]:
+        """The sampled tokens as a list, in one transfer, and every row that failed, with why (its token is
+        meaningless)."""
+        tokens = self.token_ids.tolist()
+        failed = dict(self.failed)
+        for row, token in enumerate(tokens):
+            if token == UNSAMPLEABLE and row not in failed:
+                failed[row] = ("every token was masked out, so none can be sampled"
+                               if float(self.maxima[row]) == float("-inf") else "its logits contain NaN or infinity")
+        return tokens, failed
 
 
 class Sampler:
@@ -37,10 +55,9 @@ class Sampler:
             tokens = greedy_tokens
         else:
             tokens = torch.where(meta.greedy, greedy_tokens, sample_random(logits, meta))
-        failed = {**meta.failed, **unsampleable_rows(maxima)}
-        if logprobs is None:
-            return SamplerOutput(tokens, None, None, None, failed)
-        return SamplerOutput(tokens, *gather_logprobs(logprobs, tokens, meta.max_num_logprobs), failed)
+        gathered = (None, None, None) if logprobs is None else gather_logprobs(logprobs, tokens, meta.max_num_logprobs)
+        tokens = tokens.masked_fill(~torch.isfinite(maxima), UNSAMPLEABLE)
+        return SamplerOutput(tokens, *gathered, maxima, meta.failed)
 
 
 def row_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,17 +69,6 @@ def row_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return kernel(logits)
     values, indices = logits.max(dim=-1)
     return values, indices
-
-
-def unsampleable_rows(maxima: torch.Tensor) -> dict[int, str]:
-    """Rows whose largest logit is NaN (max propagates NaN), +inf or -inf (every token masked).
-    One check over the [N] maxima each step; the rows are only looked at when it fires."""
-    bad = ~torch.isfinite(maxima)
-    if not bool(bad.any()):
-        return {}
-    return {int(row): ("its logits contain NaN or infinity" if not bool(maxima[row] == float("-inf"))
-                       else "every token was masked out, so none can be sampled")
-            for row in bad.nonzero().flatten()}
 
 
 def process_logits(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from pagedllm.device_tensor import device_tensor
 from pagedllm.model.attention import AttentionMetadata, PrefillGroup, PrefillSequence
 from pagedllm.worker.input_state import WorkerRequest
 
@@ -67,24 +68,24 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
     sample_rows = [i for i, (r, n) in enumerate(ordered)
                    if r.num_computed_tokens + n == r.num_tokens + len(r.spec_token_ids)]
     meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        slot_mapping=device_tensor(slots, torch.long, device),
         prefill_groups=_group_by_length(fresh),
         prefills=[PrefillSequence(query_starts[len(fresh) + i], n, r.num_computed_tokens + n,
-                                  torch.tensor(r.block_ids, dtype=torch.long, device=device))
+                                  device_tensor(r.block_ids, torch.long, device))
                   for i, (r, n) in enumerate(with_context)],
-        num_prefill_tokens=num_prefill_tokens, decode_block_tables=block_tables.to(device),
-        decode_context_lens=torch.tensor([length for _, length in decode_rows], dtype=torch.long, device=device),
-        prefill_block_tables=_block_tables([r for r, _ in prefills]).to(device),
-        prefill_token_tables=torch.tensor(token_tables, dtype=torch.long, device=device),
-        prefill_token_lens=torch.tensor(token_lens, dtype=torch.long, device=device))
+        num_prefill_tokens=num_prefill_tokens, decode_block_tables=device_tensor(block_tables, torch.long, device),
+        decode_context_lens=device_tensor([length for _, length in decode_rows], torch.long, device),
+        prefill_block_tables=device_tensor(_block_tables([r for r, _ in prefills]), torch.long, device),
+        prefill_token_tables=device_tensor(token_tables, torch.long, device),
+        prefill_token_lens=device_tensor(token_lens, torch.long, device))
     return ModelInput(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        input_ids=device_tensor(ids, torch.long, device),
+        positions=device_tensor(positions, torch.long, device),
         attn_metadata=meta, requests=[r for r, _ in ordered], num_new_tokens=[n for _, n in ordered],
         query_starts=query_starts, sample_rows=sample_rows,
-        sample_token_indices=torch.tensor(
+        sample_token_indices=device_tensor(
             [query_starts[i] + ordered[i][1] - 1 - j for i in sample_rows
-             for j in range(len(ordered[i][0].spec_token_ids), -1, -1)], dtype=torch.long, device=device),
+             for j in range(len(ordered[i][0].spec_token_ids), -1, -1)], torch.long, device),
         prompt_embeds=_prompt_embeds(ordered, query_starts, device))
 
 
@@ -102,7 +103,7 @@ def _prompt_embeds(ordered: list[tuple[WorkerRequest, int]], query_starts: list[
             values.append(request.prompt_embeds[begin:end])
     if not rows:
         return None
-    return torch.tensor(rows, dtype=torch.long, device=device), torch.cat(values).to(device)
+    return device_tensor(rows, torch.long, device), torch.cat(values).to(device)
 
 
 def _group_by_length(prefills: list[tuple[WorkerRequest, int]]) -> list[PrefillGroup]:

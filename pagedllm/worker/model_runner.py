@@ -162,17 +162,17 @@ class ModelRunner:
             return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
         meta = SamplingMetadata.build(sampling, self.generators, self.vocab_size, self.device, grammar_bitmasks)
         out = self.sampler(logits, meta)
-        failed.update({sampling[row].request_id: why for row, why in out.failed.items()})
+        tokens, failed_rows = out.to_host()
+        failed.update({sampling[row].request_id: why for row, why in failed_rows.items()})
         logprobs = {}
-        if out.logprobs is not None:
+        if out.logprobs is not None:  # three transfers in all, not three per row
+            ids, values, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
             for row, request in enumerate(sampling):
                 k = request.sampling_params.logprobs
                 if k is not None and request.request_id not in failed:
-                    logprobs[request.request_id] = TokenLogprobs(
-                        [out.logprob_token_ids[row, :k + 1].tolist()], [out.logprobs[row, :k + 1].tolist()],
-                        [int(out.sampled_ranks[row])])
-        sampled = {r.request_id: [t] for r, t in zip(sampling, out.token_ids.tolist())
-                   if r.request_id not in failed}
+                    logprobs[request.request_id] = TokenLogprobs([ids[row][:k + 1]], [values[row][:k + 1]],
+                                                                 [ranks[row]])
+        sampled = {r.request_id: [t] for r, t in zip(sampling, tokens) if r.request_id not in failed}
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
 
     def _make_generators(self, requests: list[WorkerRequest]) -> dict[str, str]:
