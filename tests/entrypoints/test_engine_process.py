@@ -36,19 +36,22 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _gauge(metrics: str, name: str) -> float:
-    return float(re.search(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M).group(1))
+def _metric(metrics: str, name: str) -> float:
+    """The sum of a metric's samples over their labels (0 before the first)."""
+    return sum(float(value) for value in re.findall(rf"^{name}\{{[^}}]*\}} (\S+)$", metrics, re.M))
 
 
-def _wait_in_flight(url: str, count: int, timeout: float = 60) -> None:
-    """Wait until the engine holds `count` requests (running or waiting)."""
+def _wait_received(url: str, count: int, timeout: float = 60) -> None:
+    """Wait until the engine has received `count` requests: running, waiting or already finished (a short
+    request can finish before the last of the others arrives, so that they are never all held at once)."""
     deadline = time.monotonic() + timeout
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total")
     while time.monotonic() < deadline:
         metrics = httpx.get(f"{url}/metrics").text
-        if _gauge(metrics, "vllm:num_requests_running") + _gauge(metrics, "vllm:num_requests_waiting") >= count:
+        if sum(_metric(metrics, name) for name in names) >= count:
             return
         time.sleep(0.05)
-    raise AssertionError(f"The engine never held {count} requests.")
+    raise AssertionError(f"The engine never received {count} requests.")
 
 
 def _stream_events(response: httpx.Response):
@@ -104,7 +107,7 @@ def test_sigterm_drains_requests_in_flight_and_leaves_no_process(tiny_model_dir,
         with ThreadPoolExecutor(8) as pool:
             short = [pool.submit(_complete, server.url, 8, i % 2 == 0) for i in range(4)]
             long = [pool.submit(_complete, server.url, 480, i % 2 == 0) for i in range(4)]
-            _wait_in_flight(server.url, 8)
+            _wait_received(server.url, 8)
             server.process.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             exit_code = server.process.wait(timeout=30)
@@ -126,4 +129,4 @@ def test_cache_too_small_for_the_load_completes_every_request(tiny_model_dir, la
             results = list(pool.map(lambda i: _complete(server.url, 40, i % 2 == 0, timeout=240), range(20)))
         metrics = httpx.get(f"{server.url}/metrics").text
     assert all(r["status"] == 200 and r["error"] is None and r["finish_reason"] == "length" for r in results), results
-    assert _gauge(metrics, "vllm:num_preemptions_total") > 0  # the cache really was too small
+    assert _metric(metrics, "vllm:num_preemptions_total") > 0  # the cache really was too small
