@@ -99,8 +99,8 @@ static inline __attribute__((always_inline)) vec load_bf16(const uint16_t *p) {
         for (int64_t k = 0; k < k_in; k++) {                                                               \
             if (prefetch)                                                                                  \
                 for (int p = 0; p < panels; p++)                                                           \
-                    for (int64_t line = (k * step + 63) & ~(int64_t)63; line < (k + 1) * step; line += 64) \
-                        __builtin_prefetch(prefetch + p * panel_size * sizeof(WEIGHT) + line, 0, 1);       \
+                    for (int line = 0; line < step; line += 64)                                            \
+                        __builtin_prefetch(prefetch + p * panel_size * sizeof(WEIGHT) + k * step + line, 0, 1); \
             for (int p = 0; p < panels; p++) {                                                             \
                 const WEIGHT *w = panel + p * panel_size + k * PANEL;                                      \
                 vec weights[PANEL_VECS];                                                                   \
