@@ -151,7 +151,8 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
  * streams its own panels, prefetches PREFETCH_BYTES ahead in each. Where a panel is shorter than twice that
  * (int8 panels are 9 KiB on AVX2), that would land in the neighbouring panel, which the tile is reading at
  * that moment: such a tile prefetches the same panel of the next tile instead (at one row on an AMD Zen 3,
- * the default model's int8 LM head from 28 to 32 GB/s; float32 panels, 36 KiB, were 6% slower so). */
+ * the default model's int8 LM head from 28 to 32 GB/s; float32 panels, 36 KiB, read 6% slower so in one
+ * comparison and keep PREFETCH_BYTES). */
 #define DEFINE_PANEL_ROWS(NAME, TILE, WEIGHT)                                                                \
     static void NAME(const float *x, const WEIGHT *panel, int64_t panel_size, int64_t panels,                \
                      const float *scales, float *out, int64_t start, int64_t end, int64_t n_out, int64_t k_in, \
@@ -161,7 +162,8 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
             const float *x_rows = x + start * k_in;                                                          \
             float *out_rows = out + start * n_out;                                                           \
             const int64_t panel_bytes = panel_size * sizeof(WEIGHT);                                         \
-            const char *ahead = source + (panel_bytes < 2 * PREFETCH_BYTES ? panels * panel_bytes : PREFETCH_BYTES); \
+            const char *ahead =                                                                              \
+                source + (panel_bytes < 2 * PREFETCH_BYTES ? panels * panel_bytes : PREFETCH_BYTES);         \
             if (rows == 1)                                                                                   \
                 TILE(x_rows, panel, panel_size, scales, out_rows, n_out, k_in, ahead,                       \
                      row_bytes, 1, PANELS_PER_TILE(1));                                                      \
