@@ -13,7 +13,7 @@ from pagedllm.model.layers import MergedLinear
 _LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 64, 129, 300])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 64, 129, 300])
 def test_bfloat16_panels_equal_the_float32_kernel_on_the_widened_weight(rows):
     kernel = load_packed_linear()
     torch.manual_seed(rows)
