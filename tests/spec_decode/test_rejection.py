@@ -22,7 +22,8 @@ def test_lookup_continues_the_latest_earlier_match_of_the_longest_suffix():
     assert lookup(tokens, 10, 1, 4) == [5, 6, 7, 1, 2, 3]  # as far as the context goes
     assert lookup([1, 2, 3, 4], 2, 1, 4) == []  # nothing repeats
     assert lookup([7, 1, 8, 2, 8], 2, 2, 4) == []  # only a one-token match, below prompt_lookup_min
-    assert lookup([7, 1, 8, 2, 8], 2, 1, 4) == [2, 8]
+    assert lookup([7, 1, 8, 2, 8], 2, 1, 4) == [2]  # a one-token match proposes one token
+    assert lookup([7, 1, 8, 2, 1, 8], 2, 1, 4) == [2, 1]  # a two-token match proposes up to num_tokens
 
 
 # The chi-squared distribution with 5 degrees of freedom (6 tokens) exceeds this with probability 0.001.
