@@ -61,8 +61,9 @@ def _random_layer(output_sizes: list[int], input_size: int = 64) -> MergedLinear
     return layer
 
 
-# Rows: one (decode), a partial tile, more than one tile, more than one chunk of 256 rows.
-@pytest.mark.parametrize("rows", [1, 5, 19, 300])
+# Rows: one (decode), three (a tile over two panels), a partial tile, more than one tile, more than one chunk of
+# 256 rows.
+@pytest.mark.parametrize("rows", [1, 3, 5, 19, 300])
 @pytest.mark.parametrize("kernel", ["C", "PyTorch"])
 def test_int8_linear_stays_close_to_float(rows, kernel):
     layer = _random_layer([64, 32])  # 96 outputs: whole panels of the C kernel with or without AVX-512

@@ -147,6 +147,16 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
     default: TILE(__VA_ARGS__, TILE_ROWS, 1); break; \
     }
 
+/* The same for the row counts that take several panels at once (PANELS_PER_TILE above 1). */
+#define PANELS_CASE(TILE, n, ...) \
+    case n: TILE(__VA_ARGS__, n, PANELS_PER_TILE(n)); break;
+#define FOR_PANEL_ROWS(TILE, rows, ...) \
+    switch (rows) {                     \
+    PANELS_CASE(TILE, 1, __VA_ARGS__)   \
+    PANELS_CASE(TILE, 2, __VA_ARGS__)   \
+    PANELS_CASE(TILE, 3, __VA_ARGS__)   \
+    }
+
 /* Rows [start, end) of x times `panels` neighbouring panels (panel_size weights apart), whose weights were
  * read from `source` (row_bytes per step of k): in one tile where the rows take that many panels at once
  * (PANELS_PER_TILE), else panel by panel. The tiles prefetch the panel after it, spread over the first
@@ -162,20 +172,11 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
                      const char *source, int row_bytes) {                                                    \
         const int64_t rows = end - start;                                                                    \
         if (panels > 1 && panels == PANELS_PER_TILE(rows)) {                                                 \
-            const float *x_rows = x + start * k_in;                                                          \
-            float *out_rows = out + start * n_out;                                                           \
             const int64_t panel_bytes = panel_size * sizeof(WEIGHT);                                         \
             const char *ahead =                                                                              \
                 source + (panel_bytes < 2 * PREFETCH_BYTES ? panels * panel_bytes : PREFETCH_BYTES);         \
-            if (rows == 1)                                                                                   \
-                TILE(x_rows, panel, panel_size, scales, out_rows, n_out, k_in, ahead,                       \
-                     row_bytes, 1, PANELS_PER_TILE(1));                                                      \
-            else if (rows == 2)                                                                              \
-                TILE(x_rows, panel, panel_size, scales, out_rows, n_out, k_in, ahead,                       \
-                     row_bytes, 2, PANELS_PER_TILE(2));                                                      \
-            else                                                                                             \
-                TILE(x_rows, panel, panel_size, scales, out_rows, n_out, k_in, ahead,                       \
-                     row_bytes, 3, PANELS_PER_TILE(3));                                                      \
+            FOR_PANEL_ROWS(TILE, rows, x + start * k_in, panel, panel_size, scales, out + start * n_out, n_out, \
+                           k_in, ahead, row_bytes)                                                           \
             return;                                                                                          \
         }                                                                                                    \
         int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS, spread = tiles < SPREAD ? tiles : SPREAD;        \
