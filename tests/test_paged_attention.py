@@ -22,20 +22,22 @@ def _request(name: str, length: int, computed: int, block_ids: list[int]) -> Req
     return request
 
 
+# A head size of 6 is no multiple of a vector: the C kernel then runs its one-float path.
+@pytest.mark.parametrize("dim", [DIM, 6])
 @pytest.mark.parametrize("kernel", ["C", "gathered"])
-def test_paged_attention_matches_dense_attention(kernel, monkeypatch):
+def test_paged_attention_matches_dense_attention(kernel, dim, monkeypatch):
     if kernel == "gathered":
         monkeypatch.setattr(attention, "load_attention_kernel", lambda *shape: None)
     else:
-        assert attention.load_attention_kernel(HEADS // KV_HEADS, DIM, BLOCK) is not None  # a C compiler is here
+        assert attention.load_attention_kernel(HEADS // KV_HEADS, dim, BLOCK) is not None  # a C compiler is here
     torch.manual_seed(0)
     # (total tokens, already computed): two fresh prefills of one length (grouped), one of another, a chunk
     # after cached context, and decodes of different lengths (padded block tables).
     shapes = [(5, 0), (5, 0), (3, 0), (9, 6), (10, 9), (3, 2), (7, 6)]
     free = list(torch.randperm(40).tolist())
     requests = [_request(str(i), n, c, [free.pop() for _ in range(-(-n // BLOCK))]) for i, (n, c) in enumerate(shapes)]
-    full = {r.request_id: [torch.randn(r.num_tokens, h, DIM) for h in (HEADS, KV_HEADS, KV_HEADS)] for r in requests}
-    cache = allocate_kv_cache(40, BLOCK, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    full = {r.request_id: [torch.randn(r.num_tokens, h, dim) for h in (HEADS, KV_HEADS, KV_HEADS)] for r in requests}
+    cache = allocate_kv_cache(40, BLOCK, KV_HEADS, dim, torch.float32, torch.device("cpu"))
     for r in requests:  # the context computed in earlier steps
         slots = torch.tensor([r.block_ids[p // BLOCK] * BLOCK + p % BLOCK for p in range(r.num_computed_tokens)],
                              dtype=torch.long)
@@ -45,7 +47,7 @@ def test_paged_attention_matches_dense_attention(kernel, monkeypatch):
                               torch.device("cpu"))
     q, k, v = (torch.cat([full[r.request_id][i][r.num_computed_tokens:] for r in batch.requests]) for i in range(3))
     write_kv(cache, k, v, batch.attn_metadata.slot_mapping)
-    out = paged_attention(q, k, v, cache, batch.attn_metadata, DIM ** -0.5)
+    out = paged_attention(q, k, v, cache, batch.attn_metadata, dim ** -0.5)
     for r, start in zip(batch.requests, batch.query_starts):
         fq, fk, fv = (x.transpose(0, 1).unsqueeze(0) for x in full[r.request_id])
         dense = F.scaled_dot_product_attention(fq, fk, fv, is_causal=True, enable_gqa=True)[0].transpose(0, 1)

@@ -79,7 +79,7 @@ static inline __attribute__((always_inline)) vec load(const float *p) { return *
  * and the running sums in registers keeps each sum one chain of multiply-adds, in chunk order: 1.03-1.05x at 16 to 64
  * sequences in two runs and 1.1x for 12 rows of one sequence, on an AMD Zen 3 (attention_kernel.py against the kernel
  * before). */
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && VEC > 1 /* a single float is no vector register */
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
 #else
 #define IN_REGISTER(v) ((void)0)
