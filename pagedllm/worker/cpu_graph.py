@@ -1,8 +1,11 @@
-"""Decode steps of small batches on CPU, replayed from a recording of their kernel calls: CPU graphs.
+"""Decode steps of small batches on CPU, and steps of few prefill tokens, replayed from a recording of their
+kernel calls: CPU graphs.
 
 A decode step of the default model is about 240 C kernel calls (cpu_kernels.py). At a batch of one, their
 dispatch from Python took about 3 ms of a 22 ms step, more than the attention and element-wise work
-themselves; replayed from C (csrc/plan.c), the same calls take microseconds of dispatch.
+themselves; replayed from C (csrc/plan.c), the same calls take microseconds of dispatch. A step with prefill
+tokens replays the same way, each token a row over its sequence's blocks (the attention kernel computes a
+prefill token as it computes a decode row at that position): a graph is a number of rows, whatever their mix.
 
 As with CUDA graphs, the first decode step of each batch size runs the model while recording its kernel
 calls, over input buffers that the graph keeps; later steps of that size copy their inputs into those
@@ -36,6 +39,10 @@ logger = logging.getLogger(__name__)
 # time, and more of its wall time, as it runs on one thread while the kernels run on all. The graphs share
 # one arena for their intermediate results (graph_arena.py): 1 MB per sequence of the largest graph.
 MAX_GRAPH_BATCH = 64
+# Largest step with prefill tokens replayed, in rows (its tokens and any decodes). Run eagerly, a 128-token
+# prompt's prefill spent 9-11 ms of Python around its 270 kernel calls; replayed, the `latency` workload's time to
+# first token was 0.89x the eager one (AMD Zen 3, two threads, least of 14 prompts each, taking turns).
+MAX_GRAPH_PREFILL_ROWS = 128
 
 _ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
                 torch.ops.aten.new_empty.default}
@@ -109,15 +116,21 @@ class DecodeGraph:
         self._output: Optional[torch.Tensor] = None
 
     def run(self, batch: ModelInput) -> torch.Tensor:
-        """The final hidden states [B, hidden] of this decode batch (in the arena, which the next run of any
-        graph over it overwrites); the first run records the calls, raising CaptureRefused where it cannot."""
+        """The final hidden states [B, hidden] of this step's rows (in the arena, which the next run of any
+        graph over it overwrites); the first run records the calls, raising CaptureRefused where it cannot.
+        Prefill tokens come first, each a row over its sequence's blocks, then the decode rows."""
         meta = batch.attn_metadata
         self.input_embeds.copy_(self.model.embed(batch.input_ids))
         self.positions.copy_(batch.positions)
         self.meta.slot_mapping.copy_(meta.slot_mapping)
-        self.meta.decode_context_lens.copy_(meta.decode_context_lens)
-        # Columns past this step's widest table keep older ids: the kernel reads only a row's own blocks.
-        self.meta.decode_block_tables[:, :meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
+        prefill = meta.num_prefill_tokens
+        # Columns past a row's own table keep older ids: the kernel reads only a row's own blocks.
+        if prefill:
+            tables = meta.prefill_block_tables[meta.prefill_token_tables]
+            self.meta.decode_block_tables[:prefill, :tables.shape[1]].copy_(tables)
+            self.meta.decode_context_lens[:prefill].copy_(meta.prefill_token_lens)
+        self.meta.decode_context_lens[prefill:].copy_(meta.decode_context_lens)
+        self.meta.decode_block_tables[prefill:, :meta.decode_block_tables.shape[1]].copy_(meta.decode_block_tables)
         return self._replay()
 
     def run_rows(self, rows: list[DecodeRow], block_size: int) -> torch.Tensor:
@@ -143,6 +156,21 @@ class DecodeGraph:
             for step in self._steps:
                 step()
         return self._output
+
+
+def _step_rows(batch: ModelInput, max_blocks: int) -> Optional[int]:
+    """The rows of a step that a graph can run: a decode batch that graph_rows takes, or a step with prefill
+    tokens (and any decodes) of at most MAX_GRAPH_PREFILL_ROWS rows in all, each token a row over its
+    sequence's blocks, laid out for the token-by-token kernel; else None."""
+    rows = graph_rows(batch, MAX_GRAPH_BATCH, max_blocks)
+    meta = batch.attn_metadata
+    if rows is not None or not meta.num_prefill_tokens or meta.prefill_token_tables is None:
+        return rows
+    total = meta.num_prefill_tokens + meta.num_decodes
+    if (total > MAX_GRAPH_PREFILL_ROWS or batch.prompt_embeds is not None
+            or max(meta.prefill_block_tables.shape[1], meta.decode_block_tables.shape[1]) > max_blocks):
+        return None
+    return total
 
 
 def _steps(recording: list[Union[RecordedCall, TorchStep]], run_plan: Callable) -> list[Callable[[], None]]:
@@ -185,10 +213,10 @@ class DecodeGraphs:
         self.run_plan = load_plan_runner()
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
-        """The batch's final hidden states from its graph, or None where it has none: prefill tokens, a
-        batch above MAX_GRAPH_BATCH, block tables wider than max_model_len needs, prompt embeddings, or a model
-        whose forward pass cannot be recorded."""
-        return self._run(graph_rows(batch, MAX_GRAPH_BATCH, self.max_blocks), lambda graph: graph.run(batch))
+        """The batch's final hidden states from its graph, or None where it has none: a decode batch above
+        MAX_GRAPH_BATCH, a step with prefill tokens of more than MAX_GRAPH_PREFILL_ROWS rows, block tables wider
+        than max_model_len needs, prompt embeddings, or a model whose forward pass cannot be recorded."""
+        return self._run(_step_rows(batch, self.max_blocks), lambda graph: graph.run(batch))
 
     def forward_rows(self, rows: list[DecodeRow], block_size: int) -> Optional[torch.Tensor]:
         """The final hidden states of these one-token decode rows, or None where no graph takes them (too many

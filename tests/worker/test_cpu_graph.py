@@ -63,6 +63,24 @@ def test_batches_above_the_largest_graph_run_eagerly(tiny_model_dir, monkeypatch
 
 
 @pytest.mark.slow
+def test_replayed_prefill_steps_equal_eager_ones(tiny_model_dir):
+    """Steps of at most 48 tokens: prompt chunks, alone or beside decodes, replay as rows of a graph."""
+    chunked = dict(enable_chunked_prefill=True, max_num_batched_tokens=48, max_num_seqs=16)
+    params = [p.clone() for p in PARAMS]
+    for p in params:
+        p.prompt_logprobs = 2
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=128, enable_prefix_caching=False, **chunked)
+    replayed = llm.generate(PROMPTS, params, use_tqdm=False)
+    eager = LLM(tiny_model_dir, num_gpu_blocks_override=128, enable_prefix_caching=False, enforce_eager=True,
+                **chunked).generate(PROMPTS, params, use_tqdm=False)
+    assert max(_runner(llm).decode_graphs.graphs) == 48  # full steps of prompt chunks
+    _assert_same(replayed, eager)
+    for got, want in zip(replayed, eager):
+        assert [step and {t: p.logprob for t, p in step.items()} for step in got.prompt_logprobs] == \
+            [step and {t: p.logprob for t, p in step.items()} for step in want.prompt_logprobs]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_linear_backend_replays_as_eager(tiny_model_dir, monkeypatch, backend):
     """oneDNN and MKL linears are PyTorch steps between runs of kernel calls; the panel kernel is a kernel call."""
