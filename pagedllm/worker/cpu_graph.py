@@ -34,15 +34,15 @@ from pagedllm.worker.graph_dispatch import graph_rows
 
 logger = logging.getLogger(__name__)
 
-# Largest decode batch replayed. Dispatch from Python costs the same at any batch size, while the step's
-# matmuls and attention grow with it; at 64 sequences of the default model it was still 7% of the step's CPU
-# time, and more of its wall time, as it runs on one thread while the kernels run on all. The graphs share
-# one arena for their intermediate results (graph_arena.py): 1 MB per sequence of the largest graph.
-MAX_GRAPH_BATCH = 64
-# Largest step with prefill tokens replayed, in rows (its tokens and any decodes). Run eagerly, a 128-token
-# prompt's prefill spent 9-11 ms of Python around its 270 kernel calls; replayed, the `latency` workload's time to
-# first token was 0.89x the eager one (AMD Zen 3, two threads, least of 14 prompts each, taking turns).
-MAX_GRAPH_PREFILL_ROWS = 128
+# Largest step replayed, in rows: decode rows (a verification's positions each one) and prefill tokens. Dispatch
+# from Python costs the same at any size, while the step's matmuls and attention grow with it; at 64 sequences of
+# the default model it was still 7% of the step's CPU time, and more of its wall time, as it runs on one thread
+# while the kernels run on all. Eager, a 128-token prompt's prefill spent 9-11 ms of Python around its 270 kernel
+# calls; replayed, the `latency` workload's time to first token was 0.89x the eager one, and the `spec_decode`
+# workload's 16 requests at once with ngram (up to 192 rows a step) took 0.95x the time with graphs up to 64 rows
+# (AMD Zen 3, two threads, taking turns in one process). The graphs share one arena for their intermediate
+# results (graph_arena.py): 1 MB per row of the largest graph.
+MAX_GRAPH_ROWS = 128
 
 _ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
                 torch.ops.aten.new_empty.default}
@@ -160,14 +160,13 @@ class DecodeGraph:
 
 def _step_rows(batch: ModelInput, max_blocks: int) -> Optional[int]:
     """The rows of a step that a graph can run: a decode batch that graph_rows takes, or a step with prefill
-    tokens (and any decodes) of at most MAX_GRAPH_PREFILL_ROWS rows in all, each token a row over its
-    sequence's blocks, laid out for the token-by-token kernel; else None."""
-    rows = graph_rows(batch, MAX_GRAPH_BATCH, max_blocks)
+    tokens (and any decodes) of at most MAX_GRAPH_ROWS rows in all, each token a row over its sequence's
+    blocks, laid out for the token-by-token kernel; else None."""
     meta = batch.attn_metadata
-    if rows is not None or not meta.num_prefill_tokens or meta.prefill_token_tables is None:
-        return rows
+    if not meta.num_prefill_tokens:
+        return graph_rows(batch, MAX_GRAPH_ROWS, max_blocks)
     total = meta.num_prefill_tokens + meta.num_decodes
-    if (total > MAX_GRAPH_PREFILL_ROWS or batch.prompt_embeds is not None
+    if (meta.prefill_token_tables is None or total > MAX_GRAPH_ROWS or batch.prompt_embeds is not None
             or max(meta.prefill_block_tables.shape[1], meta.decode_block_tables.shape[1]) > max_blocks):
         return None
     return total
@@ -213,15 +212,15 @@ class DecodeGraphs:
         self.run_plan = load_plan_runner()
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
-        """The batch's final hidden states from its graph, or None where it has none: a decode batch above
-        MAX_GRAPH_BATCH, a step with prefill tokens of more than MAX_GRAPH_PREFILL_ROWS rows, block tables wider
-        than max_model_len needs, prompt embeddings, or a model whose forward pass cannot be recorded."""
+        """The batch's final hidden states from its graph, or None where it has none: a step of more than
+        MAX_GRAPH_ROWS rows, block tables wider than max_model_len needs, prompt embeddings, or a model whose
+        forward pass cannot be recorded."""
         return self._run(_step_rows(batch, self.max_blocks), lambda graph: graph.run(batch))
 
     def forward_rows(self, rows: list[DecodeRow], block_size: int) -> Optional[torch.Tensor]:
         """The final hidden states of these one-token decode rows, or None where no graph takes them (too many
         rows, block tables wider than max_model_len needs, or a model that cannot be recorded)."""
-        fits = len(rows) <= MAX_GRAPH_BATCH and all(len(row.block_ids) <= self.max_blocks for row in rows)
+        fits = len(rows) <= MAX_GRAPH_ROWS and all(len(row.block_ids) <= self.max_blocks for row in rows)
         return self._run(len(rows) if fits and rows else None, lambda graph: graph.run_rows(rows, block_size))
 
     def _run(self, size: Optional[int], run: Callable[[DecodeGraph], torch.Tensor]) -> Optional[torch.Tensor]:

@@ -56,7 +56,7 @@ def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir, eager_run):
 @pytest.mark.slow
 def test_batches_above_the_largest_graph_run_eagerly(tiny_model_dir, monkeypatch):
     _, eager = _generate(tiny_model_dir, enforce_eager=True)
-    monkeypatch.setattr(cpu_graph, "MAX_GRAPH_BATCH", 8)
+    monkeypatch.setattr(cpu_graph, "MAX_GRAPH_ROWS", 8)
     llm, outputs = _generate(tiny_model_dir)
     assert set(_runner(llm).decode_graphs.graphs) == set(range(1, 9))
     _assert_same(outputs, eager)
