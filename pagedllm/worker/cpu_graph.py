@@ -100,7 +100,8 @@ class DecodeRow(NamedTuple):
 
 
 class DecodeGraph:
-    """One decode batch size's recorded forward pass, over input buffers of that size."""
+    """One step size's recorded forward pass, over input buffers of that many rows (decode rows, or prefill tokens
+    and decodes: the name is from when graphs took decode steps only)."""
 
     def __init__(self, model: nn.Module, kv_caches: list[KVCache], run_plan: Callable, arena: GraphArena,
                  batch_size: int, max_blocks: int) -> None:
@@ -201,7 +202,7 @@ def _plan_step(calls: list[RecordedCall], run_plan: Callable) -> Callable[[], No
 
 
 class DecodeGraphs:
-    """The graphs of a model runner's decode batches, by batch size, captured on first use."""
+    """The graphs of a model runner's steps of up to MAX_GRAPH_ROWS rows, by number of rows, captured on first use."""
 
     def __init__(self, model: nn.Module, kv_caches: list[KVCache], max_model_len: int, block_size: int) -> None:
         self.model = model

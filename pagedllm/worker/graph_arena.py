@@ -1,7 +1,7 @@
-"""One stretch of memory for the intermediate results of all of a model runner's CPU decode graphs.
+"""One stretch of memory for the intermediate results of all of a model runner's CPU graphs.
 
-A recorded decode step keeps every intermediate result it wrote (the replay writes to the same addresses),
-about 1 MB per sequence for the default model. Graphs run one at a time and each run's intermediates are
+A recorded step keeps every intermediate result it wrote (the replay writes to the same addresses), about
+1 MB per row for the default model. Graphs run one at a time and each run's intermediates are
 dead once its final hidden states are read, so every graph can place its intermediates in the same memory:
 the graphs of all batch sizes together cost what the largest one needs, not the sum over the sizes. That
 is what lets large decode batches replay too.
