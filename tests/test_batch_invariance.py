@@ -20,8 +20,9 @@ PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3
 
 
 # Panels: one, and five (up to three rows take several neighbouring panels per tile, with one left over).
+# Rows: one tile, and several over each panel (8: two tiles of 4 on AVX2, whose loop takes two steps of k).
 @pytest.mark.parametrize("panels", [1, 5])
-@pytest.mark.parametrize("rows", [2, 3, 5, 19, 64, 300])
+@pytest.mark.parametrize("rows", [2, 3, 5, 8, 19, 64, 300])
 def test_panel_linear_row_is_the_same_in_any_batch(rows, panels):
     kernel = cpu_kernels.load_packed_linear()
     if kernel is None:
