@@ -113,7 +113,7 @@ static inline __attribute__((always_inline)) vec load_bf16(const uint16_t *p) {
     static inline __attribute__((always_inline)) void NAME(                                                \
         const float *x, const WEIGHT *panel, int64_t panel_size, const float *scales, float *out,          \
         int64_t n_out, int64_t k_in, const char *prefetch, int step, const int rows, const int panels,    \
-        const int shared) {                                                                                \
+        int shared) {                                                                                      \
         vec sums[TILE_ROWS][PANEL_VECS]; /* [p * rows + r] */                                              \
         for (int i = 0; i < rows * panels; i++)                                                            \
             for (int j = 0; j < PANEL_VECS; j++) sums[i][j] = (vec){0};                                    \
@@ -215,12 +215,8 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
                 const int tile_rows = small + (t < large);                                                   \
                 const char *prefetch = tiles == 1 ? from + PREFETCH_BYTES                                    \
                                        : t < spread ? from + (row_bytes + t * step) * k_in : 0;              \
-                if (tiles == 1)                                                                              \
-                    FOR_ROWS(TILE, 0, tile_rows, x + m * k_in, one, panel_size, one_scales,                  \
-                             out + m * n_out + p * PANEL, n_out, k_in, prefetch, step)                       \
-                else                                                                                         \
-                    FOR_ROWS(TILE, 1, tile_rows, x + m * k_in, one, panel_size, one_scales,                  \
-                             out + m * n_out + p * PANEL, n_out, k_in, prefetch, step)                       \
+                FOR_ROWS(TILE, tiles > 1, tile_rows, x + m * k_in, one, panel_size, one_scales,              \
+                         out + m * n_out + p * PANEL, n_out, k_in, prefetch, step)                           \
             }                                                                                                \
         }                                                                                                    \
     }
