@@ -159,20 +159,6 @@ class DecodeGraph:
         return self._output
 
 
-def _step_rows(batch: ModelInput, max_blocks: int) -> Optional[int]:
-    """The rows of a step that a graph can run: a decode batch that graph_rows takes, or a step with prefill
-    tokens (and any decodes) of at most MAX_GRAPH_ROWS rows in all, each token a row over its sequence's
-    blocks, laid out for the token-by-token kernel; else None."""
-    meta = batch.attn_metadata
-    if not meta.num_prefill_tokens:
-        return graph_rows(batch, MAX_GRAPH_ROWS, max_blocks)
-    total = meta.num_prefill_tokens + meta.num_decodes
-    if (meta.prefill_token_tables is None or total > MAX_GRAPH_ROWS or batch.prompt_embeds is not None
-            or max(meta.prefill_block_tables.shape[1], meta.decode_block_tables.shape[1]) > max_blocks):
-        return None
-    return total
-
-
 def _steps(recording: list[Union[RecordedCall, TorchStep]], run_plan: Callable) -> list[Callable[[], None]]:
     """The recording as steps to replay in order: each run of kernel calls as one call of plan.c, each
     PyTorch step as itself."""
@@ -216,7 +202,8 @@ class DecodeGraphs:
         """The batch's final hidden states from its graph, or None where it has none: a step of more than
         MAX_GRAPH_ROWS rows, block tables wider than max_model_len needs, prompt embeddings, or a model whose
         forward pass cannot be recorded."""
-        return self._run(_step_rows(batch, self.max_blocks), lambda graph: graph.run(batch))
+        return self._run(graph_rows(batch, MAX_GRAPH_ROWS, self.max_blocks, prefill_tokens=True),
+                         lambda graph: graph.run(batch))
 
     def forward_rows(self, rows: list[DecodeRow], block_size: int) -> Optional[torch.Tensor]:
         """The final hidden states of these one-token decode rows, or None where no graph takes them (too many

@@ -46,13 +46,17 @@ def padded_size(num_rows: int, sizes: list[int]) -> Optional[int]:
     return sizes[index] if index < len(sizes) else None
 
 
-def graph_rows(batch: ModelInput, max_rows: int, max_blocks: int) -> Optional[int]:
-    """The step's number of decode rows if a decode graph can run it: decode rows only (a verification row
-    counts as one), at most `max_rows` of them, block tables no wider than the graph's (`max_blocks`), and no
-    prompt position given as an embedding (a graph embeds token ids); else None."""
+def graph_rows(batch: ModelInput, max_rows: int, max_blocks: int, prefill_tokens: bool = False) -> Optional[int]:
+    """The step's number of rows if a graph can run it, else None: decode rows (a verification row counts as
+    one) and, where the graph takes them (`prefill_tokens`: CPU graphs), prefill tokens laid out for the
+    token-by-token kernel, each a row; at most `max_rows` rows, block tables no wider than the graph's
+    (`max_blocks`), and no prompt position given as an embedding (a graph embeds token ids)."""
     meta = batch.attn_metadata
-    rows = meta.num_decodes
-    if (meta.num_prefill_tokens or not 0 < rows <= max_rows or meta.decode_block_tables.shape[1] > max_blocks
-            or batch.prompt_embeds is not None):
+    prefill = meta.num_prefill_tokens
+    if prefill and (not prefill_tokens or meta.prefill_token_tables is None):
+        return None
+    rows = prefill + meta.num_decodes
+    widest = max(meta.decode_block_tables.shape[1], meta.prefill_block_tables.shape[1] if prefill else 0)
+    if not 0 < rows <= max_rows or widest > max_blocks or batch.prompt_embeds is not None:
         return None
     return rows

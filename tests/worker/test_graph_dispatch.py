@@ -93,7 +93,7 @@ def test_padded_decode_rows_give_the_unpadded_rows_and_write_only_the_padding_bl
         assert cache[:, padding_block].abs().sum() > 0  # the padding rows wrote here
 
 
-def test_graphs_take_decode_steps_within_their_sizes_only():
+def test_graphs_take_steps_within_their_sizes_only():
     block = 4
     decodes = build_model_input([(_request(str(i), 9, 8, [0, 1, 2]), 1) for i in range(3)], block, CPU)
     assert graph_rows(decodes, max_rows=4, max_blocks=3) == 3
@@ -101,6 +101,10 @@ def test_graphs_take_decode_steps_within_their_sizes_only():
     assert graph_rows(decodes, max_rows=4, max_blocks=2) is None  # tables wider than the graph's
     mixed = build_model_input([(_request("a", 9, 8, [0, 1, 2]), 1), (_request("b", 5, 0, [3, 4]), 5)], block, CPU)
     assert graph_rows(mixed, max_rows=4, max_blocks=3) is None  # prefill tokens
+    # CPU graphs take them, each prompt token a row: 5 of them and the decode.
+    assert graph_rows(mixed, max_rows=8, max_blocks=3, prefill_tokens=True) == 6
+    assert graph_rows(mixed, max_rows=5, max_blocks=3, prefill_tokens=True) is None
+    assert graph_rows(mixed, max_rows=8, max_blocks=1, prefill_tokens=True) is None  # the prompt's 2 blocks
     last_prompt_token = _request("c", 9, 8, [0, 1, 2])
     last_prompt_token.prompt_embeds = torch.zeros(9, 16)
     embedded = build_model_input([(last_prompt_token, 1)], block, CPU)
