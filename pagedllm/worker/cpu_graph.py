@@ -1,4 +1,4 @@
-"""Decode steps of small batches on CPU, and steps of few prefill tokens, replayed from a recording of their
+"""Steps of up to MAX_GRAPH_ROWS rows on CPU (decode rows, prefill tokens), replayed from a recording of their
 kernel calls: CPU graphs.
 
 A decode step of the default model is about 240 C kernel calls (cpu_kernels.py). At a batch of one, their
@@ -7,7 +7,7 @@ themselves; replayed from C (csrc/plan.c), the same calls take microseconds of d
 tokens replays the same way, each token a row over its sequence's blocks (the attention kernel computes a
 prefill token as it computes a decode row at that position): a graph is a number of rows, whatever their mix.
 
-As with CUDA graphs, the first decode step of each batch size runs the model while recording its kernel
+As with CUDA graphs, the first step of each number of rows runs the model while recording its kernel
 calls, over input buffers that the graph keeps; later steps of that size copy their inputs into those
 buffers and replay the calls. A recording holds pointers, so it stays valid only while everything it points
 to stays in place: the weights and KV cache (never moved once allocated) and the intermediate results, which
