@@ -102,7 +102,7 @@ def profile_batch(llm: Any, timer: ExclusiveTimer, prompts: list[list[int]], out
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        engine.add_request(f"p{len(prompts)}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
+        engine.add_request(f"p{output_len}-{len(prompts)}-{i}", TokensPrompt(prompt_token_ids=prompt), params)
     while not all(r.request.num_computed_tokens >= r.request.num_prompt_tokens for r in engine.requests.values()):
         engine.step()
     timer.seconds.clear()
