@@ -13,11 +13,8 @@ machine stretches the figures less.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any, Callable, Optional
 
@@ -25,46 +22,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks.common import REPO_ROOT, load_workload, machine_info, write_result  # noqa: E402
+from benchmarks.common import load_workload, machine_info, write_result  # noqa: E402
+from benchmarks.kernel_revisions import build, checkout_sources, revision_sources  # noqa: E402
 from pagedllm.model import cpu_kernels  # noqa: E402
 
 KV_HEADS, GROUP, HEAD_DIM, LAYERS = 3, 3, 64, 30  # SmolLM2-135M
-SOURCE = "pagedllm/model/csrc/paged_attention.c"
 
 Step = Callable[[], None]
 
 
-def revision_sources(revision: str) -> dict[str, bytes]:
-    """The kernel sources (csrc/) of a git revision, by file name."""
-    csrc = os.path.dirname(SOURCE)
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{revision}:{csrc}"], cwd=REPO_ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
-    return {name: subprocess.run(["git", "show", f"{revision}:{csrc}/{name}"], cwd=REPO_ROOT, check=True,
-                                 capture_output=True).stdout for name in names}
-
-
-def checkout_sources() -> dict[str, bytes]:
-    """The kernel sources of this checkout, by file name."""
-    csrc = os.path.join(REPO_ROOT, os.path.dirname(SOURCE))
-    sources = {}
-    for name in os.listdir(csrc):
-        with open(os.path.join(csrc, name), "rb") as f:
-            sources[name] = f.read()
-    return sources
-
-
 def build_kernel(sources: dict[str, bytes], block_size: int) -> cpu_kernels.Kernel:
-    """The attention kernel of these sources, built with the engine's flags in a temporary folder."""
-    folder = tempfile.mkdtemp(prefix="attention-kernel-")
-    for name, text in sources.items():
-        with open(os.path.join(folder, name), "wb") as f:
-            f.write(text)
-    library = os.path.join(folder, "paged_attention.so")
-    defines = [f"-DGROUP={GROUP}", f"-DHEAD_DIM={HEAD_DIM}", f"-DBLOCK_SIZE={block_size}"]
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    subprocess.run(["gcc", *cpu_kernels._FLAGS, *defines, os.path.join(folder, "paged_attention.c"), "-o", library,
-                    f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], check=True)
-    return cpu_kernels.Kernel(ctypes.CDLL(library), "paged_attention_rows")
+    """The attention kernel of these sources, built with the engine's flags."""
+    library = build(sources, "paged_attention.c", (f"GROUP={GROUP}", f"HEAD_DIM={HEAD_DIM}", f"BLOCK_SIZE={block_size}"))
+    return cpu_kernels.Kernel(library, "paged_attention_rows")
 
 
 def make_step(kernel: cpu_kernels.Kernel, caches: list[tuple[torch.Tensor, torch.Tensor]], q: torch.Tensor,

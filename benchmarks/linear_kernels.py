@@ -2,12 +2,16 @@
 invocation: the panel kernel (csrc/packed_linear.c, the batch-invariant default) and PyTorch's F.linear (MKL).
 
     python benchmarks/linear_kernels.py
+    python benchmarks/linear_kernels.py --baseline HEAD~1 --repeats 60   # and HEAD~1's panel kernel at decode
 
 At 1 and 8 rows (decode) a step's linears (30 layers of four weights, then the LM head) read every weight
 from memory: the figure is their time against a timed streaming read of the same bytes (the latency
 benchmark's TPOT limit). At 128 and 2048 rows (prefill) they compute: the figure is GFLOP/s against the
 matmul rate the latency benchmark measures (machine_limits.py). Kernels, row counts and repeats take turns,
-and each keeps its least time, so other work on the machine stretches the figures less.
+and each keeps its least time, so other work on the machine stretches the figures less; the streaming read
+takes its turn with them, so its best is measured in the same conditions. `--baseline REV` also times the
+panel kernel of a git revision at the decode row counts (built with the engine's flags), and the JSON gives
+this checkout's time over it.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks.common import machine_info, write_result  # noqa: E402
+from benchmarks.kernel_revisions import build, revision_sources  # noqa: E402
 from benchmarks.machine_limits import cpu_flags, matmul_rate  # noqa: E402
 from pagedllm.model import cpu_kernels  # noqa: E402
 
@@ -40,6 +45,17 @@ def _step(kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], weights:
     return run
 
 
+def _panel_kernel(library: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """x @ W.T through another build's packed_linear_f32 (its panels as wide as this checkout's)."""
+    kernel = cpu_kernels.Kernel(library, "packed_linear_f32")
+
+    def run(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
+        kernel(x, weight, out, x.shape[0], out.shape[1], x.shape[1])
+        return out
+    return run
+
+
 def _least(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """The least seconds of each call over `repeats` rounds in which they take turns."""
     best = {name: float("inf") for name in calls}
@@ -54,6 +70,8 @@ def _least(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also time this git revision's panel kernel at decode")
     parser.add_argument("--output", default=None,
                         help="JSON file (default: benchmarks/results/linear_kernels-<time>.json)")
     args = parser.parse_args(argv)
@@ -65,16 +83,19 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     packed = [panels.pack(w) for w in dense]
     weight_bytes = sum(w.numel() * 4 for w in dense)
     machine = {**machine_info(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads()}
-    result: dict[str, Any] = {"machine": machine, "panel_width": panels.panel, "weight_bytes": weight_bytes}
+    result: dict[str, Any] = {"machine": machine, "panel_width": panels.panel, "weight_bytes": weight_bytes,
+                              "baseline": args.baseline}
+    kernels = {"panels": panels.float32, "mkl": torch.nn.functional.linear}
+    if args.baseline:
+        kernels[f"panels@{args.baseline}"] = _panel_kernel(build(revision_sources(args.baseline), "packed_linear.c"))
     with torch.inference_mode():
         buffer = torch.ones(weight_bytes // 4)  # streamed (summed) in turn with the steps: the same conditions
         buffer.sum()
         stream = 0.0
         for rows in DECODE_ROWS:
             inputs = {k: torch.randn(rows, k) for k in (HIDDEN, INTERMEDIATE)}
-            times = _least({"panels": _step(panels.float32, packed, inputs),
-                            "mkl": _step(torch.nn.functional.linear, dense, inputs),
-                            "stream": buffer.sum}, args.repeats)
+            times = _least({**{name: _step(kernel, dense if name == "mkl" else packed, inputs)
+                               for name, kernel in kernels.items()}, "stream": buffer.sum}, args.repeats)
             stream = max(stream, weight_bytes / times.pop("stream"))
             result[f"decode_{rows}_rows_ms"] = {name: round(t * 1e3, 2) for name, t in times.items()}
         limit = weight_bytes / stream
@@ -83,9 +104,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             times = result[f"decode_{rows}_rows_ms"]
             result[f"decode_{rows}_rows_vs_stream_limit"] = {name: round(t / 1e3 / limit, 3)
                                                              for name, t in times.items()}
+            if args.baseline:
+                result[f"decode_{rows}_rows_vs_baseline"] = round(times["panels"] / times[f"panels@{args.baseline}"], 3)
+            against = f"; this checkout {result[f'decode_{rows}_rows_vs_baseline']:.3f}x the baseline's time" \
+                if args.baseline else ""
             print(f"{rows} row(s): one step's linears " + ", ".join(
                 f"{name} {t:.1f} ms = {t / 1e3 / limit:.2f}x" for name, t in times.items())
-                + f" the streaming limit {limit * 1e3:.1f} ms ({stream / 1e9:.1f} GB/s)", flush=True)
+                + f" the streaming limit {limit * 1e3:.1f} ms ({stream / 1e9:.1f} GB/s){against}", flush=True)
         rate = max(matmul_rate() for _ in range(2))
         result["matmul_flops_per_s"] = round(rate)
         for rows in PREFILL_ROWS:
