@@ -14,7 +14,10 @@ warm-up request; the median over repeats is reported, with the transformers batc
 invocation and their ratios. Before and after the engines, the machine's memory-streaming rate (a timed sum
 over a buffer of the weights' size) and float32 matmul rate are measured (machine_limits.py, best of both):
 TPOT is printed as a ratio to the streaming limit (weights' bytes over the streaming rate) and TTFT to the
-prefill compute limit (the prompt's FLOPs over the matmul rate).
+prefill compute limit (the prompt's FLOPs over the matmul rate). On a shared machine the memory's rate can move
+by 2x within a minute (26 to 54 GB/s on a 2-core AMD Zen 4), so pagedllm's process also times the streaming
+read right before and after each request, and the JSON gives the median over requests of each TPOT against
+the limit at that rate (`tpot_vs_adjacent_stream_limit`) beside the ratio to the best rate of the invocation.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
                                machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
-from benchmarks.machine_limits import cpu_flags, measure_limits  # noqa: E402
+from benchmarks.machine_limits import cpu_flags, measure_limits, stream_timer  # noqa: E402
 
 TARGET_TPOT_S = 0.020
 TARGET_TTFT_S = 0.17
@@ -38,33 +41,66 @@ TARGET_TPOT_VS_STREAM = 1.25  # at most this many times the memory-streaming lim
 TARGET_TTFT_VS_COMPUTE = 1.2  # at most this many times the prefill compute limit
 
 
-def run_pagedllm(prompts: list[list[int]], output_len: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
-    from pagedllm import LLM, SamplingParams, TokensPrompt
+def run_pagedllm(prompts: list[list[int]], output_len: int, engines: dict[str, dict[str, Any]], stream_bytes: int = 0,
+                 device: str = "cpu", rounds: int = 1) -> dict[str, dict[str, Any]]:
+    """Each engine's runs of the prompts, by name. The engines live in this one process and take turns
+    request by request, `rounds` times per prompt (the order reversed every other round), each keeping its
+    fastest run of a prompt, so that all meet the same conditions of a shared machine. Where stream_bytes is
+    given, the streaming rate over that many bytes is measured right before and right after each request (the
+    better of the two), so that each run's TPOT meets the rate the memory had at that time."""
+    from pagedllm import LLM, SamplingParams
 
-    start = time.perf_counter()
-    engine = LLM(**engine_kwargs).llm_engine
-    startup_s = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
-    runs, verified, accepted = [], 0, 0
-    for i, prompt in enumerate(prompts):
+    llms, startup_s = {}, {}
+    for name, kwargs in engines.items():
         start = time.perf_counter()
-        engine.add_request(f"latency-{i}", TokensPrompt(prompt_token_ids=prompt), params)
-        first = end = None
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                if first is None and output.outputs[0].token_ids:
-                    first = time.perf_counter()
-                if output.finished:
-                    end = time.perf_counter()
-                    num_tokens = len(output.outputs[0].token_ids)
-                    counts = output.metrics.spec_token_acceptance_counts or [0]
-                    verified, accepted = verified + counts[0], accepted + sum(counts[1:])
-        runs.append(_run(start, first, end, num_tokens, output_len))
-    result = {**_summary(runs[1:]), "startup_s": round(startup_s, 2), "engine_args": engine_kwargs}
-    spec = engine_kwargs.get("speculative_config")
-    if spec and verified:  # accepted proposals over proposals verified (all runs)
-        result["acceptance_rate"] = round(accepted / (verified * spec["num_speculative_tokens"]), 3)
-    return result
+        llms[name] = LLM(**kwargs).llm_engine
+        startup_s[name] = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    stream = stream_timer(stream_bytes, device, repeats=2) if stream_bytes else None
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+    counts = {name: [0, 0] for name in engines}  # proposals verified, accepted
+    for i, prompt in enumerate(prompts):
+        fastest: dict[str, dict[str, float]] = {}
+        for r in range(rounds):
+            for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+                rate_before = stream() if stream else 0.0
+                run = _request(llms[name], f"latency-{i}-{r}", prompt, params, output_len, counts[name])
+                if stream:
+                    run["stream_bytes_per_s"] = max(rate_before, stream())
+                if name not in fastest or run["tpot_s"] < fastest[name]["tpot_s"]:
+                    fastest[name] = run
+        for name in engines:
+            runs[name].append(fastest[name])
+    results = {}
+    for name, kwargs in engines.items():
+        results[name] = {**_summary(runs[name][1:]), "startup_s": round(startup_s[name], 2), "engine_args": kwargs}
+        spec, (verified, accepted) = kwargs.get("speculative_config"), counts[name]
+        if spec and verified:  # accepted proposals over proposals verified (all runs)
+            results[name]["acceptance_rate"] = round(accepted / (verified * spec["num_speculative_tokens"]), 3)
+    return results
+
+
+def _request(engine: Any, request_id: str, prompt: list[int], params: Any, output_len: int,
+             counts: list[int]) -> dict[str, float]:
+    """One request alone on the engine, timed; its speculative proposals verified and accepted are added to
+    counts."""
+    from pagedllm import TokensPrompt
+
+    engine.reset_prefix_cache()  # every run computes its prompt: a prompt runs once per round
+    start = time.perf_counter()
+    engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params)
+    first = end = None
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if first is None and output.outputs[0].token_ids:
+                first = time.perf_counter()
+            if output.finished:
+                end = time.perf_counter()
+                num_tokens = len(output.outputs[0].token_ids)
+                spec = output.metrics.spec_token_acceptance_counts or [0]
+                counts[0], counts[1] = counts[0] + spec[0], counts[1] + sum(spec[1:])
+    return _run(start, first, end, num_tokens, output_len)
 
 
 def run_transformers(prompts: list[list[int]], output_len: int, device: str = "cpu") -> dict[str, Any]:
@@ -121,8 +157,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     add_engine_args(parser)
     parser.add_argument("--baseline-engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="also run pagedllm with its engine args changed by these (repeatable; null unsets one), "
-                             "interleaved, best of --rounds each, and print the ratios")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of each engine with --baseline-engine-arg")
+                             "taking turns request by request, each its fastest of --rounds per prompt, and print "
+                             "the ratios")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each prompt per engine with --baseline-engine-arg")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/latency-<time>.json)")
     args = parser.parse_args(argv)
 
@@ -137,15 +174,16 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if args.baseline_engine_arg:
         baseline_kwargs = {key: value for key, value in {**engine_kwargs, **parse_pairs(args.baseline_engine_arg)}.items()
                            if value is not None}
-        rounds = [(run_in_child(run_pagedllm, prompts, output_len, baseline_kwargs),
-                   run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)) for _ in range(args.rounds)]
-        ours, baseline = (min((r[i] for r in rounds), key=lambda run: run["tpot_s"]) for i in (1, 0))
+        ours, baseline = _run_engines(prompts, output_len, {"ours": engine_kwargs, "baseline": baseline_kwargs},
+                                      before["weight_bytes"], device, args.rounds)
     else:
-        ours = run_in_child(run_pagedllm, prompts, output_len, engine_kwargs)
+        (ours,) = _run_engines(prompts, output_len, {"ours": engine_kwargs}, before["weight_bytes"], device, 1)
     limits = _best_limits(before, run_in_child(measure_limits, weight_size, device))
     stream_limit = limits["weight_bytes"] / limits["stream_bytes_per_s"]
     prefill_limit = default_model_flops(workload["input_len"], 1) / limits["matmul_flops_per_s"]
     vs_limits = {"tpot_vs_stream_limit": round(ours["tpot_s"] / stream_limit, 3),
+                 "tpot_vs_adjacent_stream_limit": round(statistics.median(
+                     run["tpot_s"] * run["stream_bytes_per_s"] / limits["weight_bytes"] for run in ours["repeats"]), 3),
                  "ttft_vs_compute_limit": round(ours["ttft_s"] / prefill_limit, 3)}
     print(f"machine: {machine_info()['cpu']} ({' '.join(cpu_flags())}), streams "
           f"{limits['stream_bytes_per_s'] / 1e9:.1f} GB/s, matmul {limits['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s "
@@ -153,7 +191,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     print(f"pagedllm: TTFT {ours['ttft_s'] * 1e3:.0f} ms = {vs_limits['ttft_vs_compute_limit']:.2f}x the compute "
           f"limit {prefill_limit * 1e3:.0f} ms (target {TARGET_TTFT_VS_COMPUTE}x); TPOT {ours['tpot_s'] * 1e3:.1f} ms = "
           f"{vs_limits['tpot_vs_stream_limit']:.2f}x the streaming limit {stream_limit * 1e3:.1f} ms "
-          f"({limits['weight_bytes'] / 1e6:.0f} MB of weights; target {TARGET_TPOT_VS_STREAM}x); "
+          f"({limits['weight_bytes'] / 1e6:.0f} MB of weights; target {TARGET_TPOT_VS_STREAM}x), "
+          f"{vs_limits['tpot_vs_adjacent_stream_limit']:.2f}x the limit at the rate measured beside each request; "
           f"start {ours['startup_s']:.1f} s, peak RSS {ours['peak_rss_mib']:.0f} MiB", flush=True)
     result: dict[str, Any] = {"workload": "latency", "definition": workload,
                               "machine": {**machine_info(), "cpu_flags": cpu_flags(), **limits},
@@ -164,13 +203,18 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                           "ttft_vs_compute_limit": TARGET_TTFT_VS_COMPUTE}, "pagedllm": ours}
     if args.baseline_engine_arg:
         result["pagedllm_baseline"] = {"engine_args": baseline_kwargs, **baseline}
+        baseline_bytes = limits["weight_bytes"] * _bytes_per_weight(baseline_kwargs, device) // weight_size
+        result["pagedllm_baseline"]["tpot_vs_adjacent_stream_limit"] = round(statistics.median(
+            run["tpot_s"] * run["stream_bytes_per_s"] / baseline_bytes for run in baseline["repeats"]), 3)
         result["vs_pagedllm_baseline"] = {"ttft": round(ours["ttft_s"] / baseline["ttft_s"], 3),
                                           "tpot": round(ours["tpot_s"] / baseline["tpot_s"], 3)}
         ratios = result["vs_pagedllm_baseline"]
         acceptance = f", acceptance {ours['acceptance_rate']}" if ours.get("acceptance_rate") is not None else ""
         print(f"pagedllm with {baseline_kwargs}: TTFT {baseline['ttft_s'] * 1e3:.0f} ms, TPOT "
               f"{baseline['tpot_s'] * 1e3:.1f} ms; ours against it: TTFT {ratios['ttft']:.2f}x, "
-              f"TPOT {ratios['tpot']:.2f}x{acceptance}", flush=True)
+              f"TPOT {ratios['tpot']:.2f}x{acceptance}; its TPOT "
+              f"{result['pagedllm_baseline']['tpot_vs_adjacent_stream_limit']:.2f}x the limit of its own weights at the "
+              f"rate measured beside each request", flush=True)
     if not args.no_hf:
         theirs = run_in_child(run_transformers, prompts, output_len, device)
         print(f"transformers (batch 1): TTFT {theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms, "
@@ -182,6 +226,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
               f"TPOT {result['speedup_vs_transformers']['tpot']:.2f}x", flush=True)
     print(f"wrote {write_result(result, args.output, 'latency')}")
     return result
+
+
+def _run_engines(prompts: list[list[int]], output_len: int, engines: dict[str, dict[str, Any]], stream_bytes: int,
+                 device: str, rounds: int) -> list[dict[str, Any]]:
+    """run_pagedllm in a fresh process; each engine's figures, with that process's peak RSS (of all its engines)."""
+    results = run_in_child(run_pagedllm, prompts, output_len, engines, stream_bytes, device, rounds)
+    return [{**results[name], "peak_rss_mib": results["peak_rss_mib"], "engines_in_process": len(engines)}
+            for name in engines]
 
 
 def _bytes_per_weight(engine_kwargs: dict[str, Any], device: str) -> int:

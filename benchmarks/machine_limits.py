@@ -9,7 +9,7 @@ PyTorch's threads, so other work on a shared machine lowers them less than it wo
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 REPEATS = 7
 # The matmul timed: a prefill chunk of 2048 tokens through the default model's gate-up projection.
@@ -30,13 +30,19 @@ def default_model_weight_bytes(bytes_per_weight: int = 4) -> int:
 
 def stream_rate(nbytes: int, device: str = "cpu") -> float:
     """Bytes per second of a streaming read (a sum) over a float32 buffer of `nbytes`, larger than any cache."""
+    return stream_timer(nbytes, device)()
+
+
+def stream_timer(nbytes: int, device: str = "cpu", repeats: int = REPEATS) -> Callable[[], float]:
+    """A function that measures the streaming rate (as stream_rate) over a buffer it keeps, so that it can be
+    measured again and again, between the runs of a benchmark, without allocating each time."""
     import torch
 
     buffer = torch.ones(nbytes // 4, device=device)
-    return buffer.numel() * 4 / _best_time(buffer.sum, device)
+    return lambda: buffer.numel() * 4 / _best_time(buffer.sum, device, repeats)
 
 
-def _best_time(run: Any, device: str) -> float:
+def _best_time(run: Any, device: str, repeats: int = REPEATS) -> float:
     """The least seconds of run() over the repeats, after one untimed run (pages faulted in, kernels loaded);
     on CUDA each timed run waits for the GPU."""
     import torch
@@ -45,7 +51,7 @@ def _best_time(run: Any, device: str) -> float:
     run()
     wait()
     best = float("inf")
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         start = time.perf_counter()
         run()
         wait()
