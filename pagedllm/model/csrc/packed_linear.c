@@ -152,11 +152,12 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
  * takes neighbouring panels, each streamed on its own (1.3x at one row on one core of an AMD Zen 3). Three
  * rows take two panels too (two streams from memory instead of one; 3 x 2 x 2 sums fit the registers): on an
  * AMD Zen 3, two runs, the default model's linears at three rows went from 1.18-1.31x to 1.03x the time of
- * one row. One row takes as many panels as a tile has rows (8 with AVX-512, 6 with AVX2) rather than 4: more
- * streams in flight at once. On a 2-core AMD Zen 4, a decode step's linears at one row (weights from memory)
- * took 0.89x the time with 8 panels (0.97x when other work slowed the memory), one core alone 0.93x; int8
- * 0.95x and bfloat16 0.92x; the AVX2 build on the same machine 0.92x with 6. */
-#define PANELS_PER_TILE(rows) ((rows) == 1 ? TILE_ROWS : (rows) <= 3 ? 2 : 1)
+ * one row. One or two rows take as many panels as fill a tile's registers (8 and 4 with AVX-512, 6 and 3
+ * with AVX2) rather than 4 and 2: more streams read from memory at once. On a 2-core AMD Zen 4 with its
+ * memory at 50-60 GB/s, a decode step's linears took 0.89x the time at one row (one core alone 0.93x; int8
+ * 0.95x, bfloat16 0.92x) and 0.95x at two; the AVX2 build on the same machine 0.92x and 0.95x; level while
+ * other work held the memory near 34 GB/s. Four rows over two panels measured level and stay on one. */
+#define PANELS_PER_TILE(rows) ((rows) <= 3 ? TILE_ROWS / (rows) : 1)
 
 /* One specialization per row count (and panel count), so that the sums stay in registers. */
 #define ROWS_CASE(TILE, shared, n, ...) \
@@ -177,19 +178,21 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
  * a thread's last panels may be fewer. */
 #define PANELS_CASE(TILE, n, p, ...) \
     case (n) * 16 + (p): TILE(__VA_ARGS__, n, p, 0); break;
-#if TILE_ROWS >= 8
-#define ONE_ROW_WIDE_CASES(TILE, ...) PANELS_CASE(TILE, 1, 8, __VA_ARGS__) PANELS_CASE(TILE, 1, 7, __VA_ARGS__)
+#if TILE_ROWS >= 8 /* the cases only 8-row tiles have */
+#define WIDE_CASES(TILE, ...) \
+    PANELS_CASE(TILE, 1, 8, __VA_ARGS__) PANELS_CASE(TILE, 1, 7, __VA_ARGS__) PANELS_CASE(TILE, 2, 4, __VA_ARGS__)
 #else
-#define ONE_ROW_WIDE_CASES(TILE, ...)
+#define WIDE_CASES(TILE, ...)
 #endif
 #define FOR_PANEL_ROWS(TILE, rows, panels, ...) \
     switch ((rows) * 16 + (panels)) {           \
-    ONE_ROW_WIDE_CASES(TILE, __VA_ARGS__)       \
+    WIDE_CASES(TILE, __VA_ARGS__)               \
     PANELS_CASE(TILE, 1, 6, __VA_ARGS__)        \
     PANELS_CASE(TILE, 1, 5, __VA_ARGS__)        \
     PANELS_CASE(TILE, 1, 4, __VA_ARGS__)        \
     PANELS_CASE(TILE, 1, 3, __VA_ARGS__)        \
     PANELS_CASE(TILE, 1, 2, __VA_ARGS__)        \
+    PANELS_CASE(TILE, 2, 3, __VA_ARGS__)        \
     PANELS_CASE(TILE, 2, 2, __VA_ARGS__)        \
     PANELS_CASE(TILE, 3, 2, __VA_ARGS__)        \
     }
