@@ -19,9 +19,10 @@ TARGET = "Write a short poem about the sea, the wind and a small boat sailing ho
 PARAMS = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3, prompt_logprobs=2)
 
 
-# Panels: one, and five (up to three rows take several neighbouring panels per tile, with one left over).
-# Rows: one tile, and several over each panel (8: two tiles of 4 on AVX2, whose loop takes two steps of k).
-@pytest.mark.parametrize("panels", [1, 5])
+# Panels: one, five and nine (up to three rows take several neighbouring panels per tile, up to 8 for one row
+# and 4 for two with AVX-512, with some left over). Rows: one tile, and several over each panel (8: two tiles
+# of 4 on AVX2, whose loop takes two steps of k).
+@pytest.mark.parametrize("panels", [1, 5, 9])
 @pytest.mark.parametrize("rows", [2, 3, 5, 8, 19, 64, 300])
 def test_panel_linear_row_is_the_same_in_any_batch(rows, panels):
     kernel = cpu_kernels.load_packed_linear()
