@@ -45,17 +45,6 @@ def _step(kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], weights:
     return run
 
 
-def _panel_kernel(library: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """x @ W.T through another build's packed_linear_f32 (its panels as wide as this checkout's)."""
-    kernel = cpu_kernels.Kernel(library, "packed_linear_f32")
-
-    def run(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        out = x.new_empty(x.shape[0], weight.shape[0] * weight.shape[2])
-        kernel(x, weight, out, x.shape[0], out.shape[1], x.shape[1])
-        return out
-    return run
-
-
 def _least(calls: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     """The least seconds of each call over `repeats` rounds in which they take turns."""
     best = {name: float("inf") for name in calls}
@@ -87,7 +76,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                               "baseline": args.baseline}
     kernels = {"panels": panels.float32, "mkl": torch.nn.functional.linear}
     if args.baseline:
-        kernels[f"panels@{args.baseline}"] = _panel_kernel(build(revision_sources(args.baseline), "packed_linear.c"))
+        baseline = cpu_kernels.packed_linear(build(revision_sources(args.baseline), "packed_linear.c"))
+        kernels[f"panels@{args.baseline}"] = baseline.float32
     with torch.inference_mode():
         buffer = torch.ones(weight_bytes // 4)  # streamed (summed) in turn with the steps: the same conditions
         buffer.sum()

@@ -253,8 +253,12 @@ class PackedLinear(NamedTuple):
 def load_packed_linear() -> Optional[PackedLinear]:
     """Linear layers over panel-packed float32, int8 or bfloat16 weights, or None where they cannot be built."""
     library = _load("packed_linear.c", {})
-    if library is None:
-        return None
+    return packed_linear(library) if library is not None else None
+
+
+def packed_linear(library: ctypes.CDLL) -> PackedLinear:
+    """The linear layers of a built packed_linear.c (this package's, or a benchmark's build of another
+    revision)."""
     library.panel_width.restype = ctypes.c_int64
     run_float32, run_int8 = Kernel(library, "packed_linear_f32"), Kernel(library, "packed_linear_i8")
     run_bfloat16 = Kernel(library, "packed_linear_bf16")

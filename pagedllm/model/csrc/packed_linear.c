@@ -197,14 +197,14 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
     PANELS_CASE(TILE, 3, 2, __VA_ARGS__)        \
     }
 
-/* Rows [start, end) of x times `panels` neighbouring panels (panel_size weights apart), whose weights were
- * read from `source` (row_bytes per step of k): in one tile where the rows take several panels at once
- * (PANELS_PER_TILE, or fewer where fewer are left), else panel by panel. The tiles prefetch the panel after it, spread over the first
- * SPREAD tiles so that its fetch overlaps their arithmetic (measured 1.25x at 64 rows); a single tile, which
- * streams its own panels, prefetches PREFETCH_BYTES ahead in each. Where a panel is shorter than twice that
- * (int8 panels are 9 KiB on AVX2), that would land in the neighbouring panel, which the tile is reading at
- * that moment: such a tile prefetches the same panel of the next tile instead (at one row on an AMD Zen 3,
- * the default model's int8 LM head from 28 to 32 GB/s; float32 panels, 36 KiB, read 6% slower so in one
+/* Rows [start, end) of x times `panels` neighbouring panels (panel_size weights apart), whose weights were read
+ * from `source` (row_bytes per step of k): in one tile where the rows take several panels at once
+ * (PANELS_PER_TILE, or fewer where fewer are left), else panel by panel. The tiles prefetch the panel after it,
+ * spread over the first SPREAD tiles so that its fetch overlaps their arithmetic (measured 1.25x at 64 rows); a
+ * single tile, which streams its own panels, prefetches PREFETCH_BYTES ahead in each. Where a panel is shorter
+ * than twice that (int8 panels are 9 KiB on AVX2), that would land in the neighbouring panel, which the tile is
+ * reading at that moment: such a tile prefetches the same panel of the next tile instead (at one row on an AMD
+ * Zen 3, the default model's int8 LM head from 28 to 32 GB/s; float32 panels, 36 KiB, read 6% slower so in one
  * comparison and keep PREFETCH_BYTES). */
 #define DEFINE_PANEL_ROWS(NAME, TILE, WEIGHT)                                                                \
     static void NAME(const float *x, const WEIGHT *panel, int64_t panel_size, int64_t panels,                \
