@@ -18,7 +18,10 @@
  * rows, and such a panel stays in the L1 cache for all the tiles of a decode batch); for more rows each panel
  * is converted once into a buffer that stays in the L2 cache and then multiplied like a float32 panel. A
  * bfloat16 weight is the top half of a float32, so widening it is exact and needs no bfloat16 instructions:
- * x and the sums stay float32.
+ * x and the sums stay float32. AVX512_BF16's dot products, which need no widening (x split into two bfloat16
+ * halves), measured 1.15x faster with the weights in cache on an AMD Zen 4 but 1.06x slower streamed from
+ * memory, and a cheaper widening (shift and mask of two columns' pairs) 0.98-0.99x: at one row neither the
+ * widening nor the multiply-adds bound a bfloat16 step.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -45,7 +48,9 @@
 #define CHUNK_ROWS 256 /* rows of x per pass over the panels: a chunk stays in L2 while the panels stream by */
 /* Weights streamed from memory are prefetched this far ahead, into L2 (into L1 was 1.2x slower): 1.5x the
  * rate of one int8 row of x, 1.1x for float32 (measured 0.5 to 32 KiB; the hardware prefetchers alone fall
- * short). */
+ * short). Non-temporal prefetches, meant to spare the caches that the host work between steps needs, were
+ * 1.3x slower at 2 and 8 KiB on an AMD Zen 4 and left that work about as slow; prefetching a tile's first
+ * PREFETCH_BYTES at once before its loop measured level for float32 and slower for bfloat16. */
 #define PREFETCH_BYTES 8192
 #define SPREAD 8 /* tiles that share the prefetch of the next panel */
 /* Past this many rows an int8 panel is converted once into a float32 buffer; up to it, every tile converts
