@@ -3,6 +3,7 @@ the `spec_decode` workload at batch 1.
 
     python benchmarks/spec_decode_costs.py                  # 1 to 12 rows, then the replay
     python benchmarks/spec_decode_costs.py --rows 1,2,6,7,12 --rounds 5
+    python benchmarks/spec_decode_costs.py --ks 5,7,9,11    # the replay for several num_speculative_tokens
 
 1. Step cost: one prompt of the workload decodes with proposals of a fixed length made of one repeated token,
    which the target rejects, so that each step verifies that many rows and keeps one token. Row counts take
@@ -12,9 +13,9 @@ the `spec_decode` workload at batch 1.
    with spec_decode.py's settings) run over those tokens offline: each step's proposal, the tokens greedy
    verification keeps of it, and that step's cost from (1) give each request's decode time, hence the TPOT
    speedup that spec_decode.py measures, without the noise of timing every step again; beside it, the bound
-   where every step verified just the tokens it keeps. The replay shows how far a proposal rule can go before
-   anyone times it: on an AMD Zen 3 it gave 2.00x where spec_decode.py measured 1.90-2.00x in four
-   invocations.
+   where every step verified just the tokens it keeps; with `--ks`, for each of several k. The replay shows
+   how far a proposal rule can go before anyone times it: on an AMD Zen 3 it gave 2.00x where spec_decode.py
+   measured 1.90-2.00x in four invocations.
 """
 from __future__ import annotations
 
@@ -69,16 +70,17 @@ def measure(prompts: list[str], output_len: int, rows: list[int], rounds: int) -
 
 
 def replay(sequences: list[tuple[list[int], list[int]]], cost: Callable[[int], float],
-           lookup: Callable[[list[int], int], list[int]], oracle: bool = False) -> float:
-    """Mean over requests of the decode time per token (after the first) that the proposer gives, in units of
-    `cost`; with `oracle`, each step verifies only the proposed tokens that it keeps."""
+           lookup: Callable[[list[int], int], list[int]], num_tokens: int, oracle: bool = False) -> float:
+    """Mean over requests of the decode time per token (after the first) that the proposer gives, proposing up to
+    `num_tokens` a step, in units of `cost`; with `oracle`, each step verifies only the proposed tokens that it
+    keeps."""
     per_request = []
     for prompt, output in sequences:
         if len(output) < 2:
             continue
         context, emitted, time = prompt + output[:1], 1, 0.0
         while emitted < len(output):
-            proposal = lookup(context, NGRAM_K)
+            proposal = lookup(context, num_tokens)
             kept = 0
             while kept < len(proposal) and emitted + kept < len(output) and proposal[kept] == output[emitted + kept]:
                 kept += 1
@@ -95,6 +97,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser.add_argument("--rows", default=",".join(str(r) for r in range(1, NGRAM_K + 2)),
                         help="row counts timed (the replay needs 1 to num_speculative_tokens + 1)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the row counts")
+    parser.add_argument("--ks", default=str(NGRAM_K),
+                        help="num_speculative_tokens values to replay (each needs the row counts up to it + 1)")
     parser.add_argument("--workloads-file", default=None, help="workloads.json (default: ../shared/bench)")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/spec_decode_costs-<time>.json)")
     args = parser.parse_args(argv)
@@ -112,18 +116,23 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         print(f"{r:3d} rows: {step_ms[r]:6.2f} ms a step, {relative[r]:.3f}x one row's", flush=True)
     result: dict[str, Any] = {"workload": "spec_decode", "machine": machine_info(), "rounds": args.rounds,
                               "step_ms": step_ms, "step_cost_vs_one_row": {r: round(v, 3) for r, v in relative.items()}}
-    if all(r in relative for r in range(1, NGRAM_K + 2)):
-        def ngram_lookup(tokens: list[int], k: int) -> list[int]:
-            return lookup(tokens, k, NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX)
 
-        sequences = measured["sequences"]
-        speedup = 1 / replay(sequences, relative.__getitem__, ngram_lookup)
-        bound = 1 / replay(sequences, relative.__getitem__, ngram_lookup, oracle=True)
-        print(f"replayed ngram (k={NGRAM_K}, lookup {NGRAM_LOOKUP_MIN}-{NGRAM_LOOKUP_MAX}): TPOT {speedup:.3f}x plain "
+    def ngram_lookup(tokens: list[int], k: int) -> list[int]:
+        return lookup(tokens, k, NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX)
+
+    result["replayed_ngram"] = []
+    for k in (int(k) for k in args.ks.split(",")):
+        if not all(r in relative for r in range(1, k + 2)):
+            print(f"k={k}: not replayed, it needs the row counts 1 to {k + 1}", flush=True)
+            continue
+        speedup = 1 / replay(measured["sequences"], relative.__getitem__, ngram_lookup, k)
+        bound = 1 / replay(measured["sequences"], relative.__getitem__, ngram_lookup, k, oracle=True)
+        print(f"replayed ngram (k={k}, lookup {NGRAM_LOOKUP_MIN}-{NGRAM_LOOKUP_MAX}): TPOT {speedup:.3f}x plain "
               f"decoding's; {bound:.3f}x if every step verified just the tokens it keeps", flush=True)
-        result["replayed_ngram"] = {"num_speculative_tokens": NGRAM_K, "prompt_lookup_min": NGRAM_LOOKUP_MIN,
-                                    "prompt_lookup_max": NGRAM_LOOKUP_MAX, "tpot_speedup_vs_plain": round(speedup, 3),
-                                    "bound_verifying_only_kept_tokens": round(bound, 3)}
+        result["replayed_ngram"].append({"num_speculative_tokens": k, "prompt_lookup_min": NGRAM_LOOKUP_MIN,
+                                         "prompt_lookup_max": NGRAM_LOOKUP_MAX,
+                                         "tpot_speedup_vs_plain": round(speedup, 3),
+                                         "bound_verifying_only_kept_tokens": round(bound, 3)})
     print(f"wrote {write_result(result, args.output, 'spec_decode_costs')}")
     return result
 
