@@ -8,8 +8,6 @@ import os
 import subprocess
 import tempfile
 
-import torch
-
 from benchmarks.common import REPO_ROOT
 from pagedllm.model import cpu_kernels
 
@@ -35,13 +33,18 @@ def checkout_sources() -> dict[str, bytes]:
 
 
 def build(sources: dict[str, bytes], source: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """`source` of these sources compiled with the engine's flags (and -D`defines`) and loaded."""
+    """`source` of these sources compiled as the engine compiles its kernels (same compiler and flags, and
+    -D`defines`) and loaded."""
+    compiler = cpu_kernels.c_compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler ($CC, gcc or cc) to build the kernel with")
     folder = tempfile.mkdtemp(prefix="kernel-revision-")
     for name, text in sources.items():
         with open(os.path.join(folder, name), "wb") as f:
             f.write(text)
     library = os.path.join(folder, os.path.splitext(source)[0] + ".so")
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-    subprocess.run(["gcc", *cpu_kernels._FLAGS, *(f"-D{d}" for d in defines), os.path.join(folder, source), "-o",
-                    library, f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], check=True)
+    try:
+        cpu_kernels.compile_library(compiler, os.path.join(folder, source), library, [f"-D{d}" for d in defines])
+    except subprocess.CalledProcessError as error:
+        raise RuntimeError(f"building {source} failed:\n{error.stderr.decode(errors='replace')}") from error
     return ctypes.CDLL(library)

@@ -273,8 +273,21 @@ def packed_linear(library: ctypes.CDLL) -> PackedLinear:
                         functools.partial(run, run_bfloat16))
 
 
+def c_compiler() -> Optional[str]:
+    """The C compiler the kernels are built with: $CC, else gcc, else cc; None where there is none."""
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+
+
+def compile_library(compiler: str, source_path: str, output: str, defines: list[str]) -> None:
+    """A kernel source compiled with the kernels' flags into the shared library `output`, linked to PyTorch's own
+    OpenMP runtime (libgomp), not a second one."""
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    subprocess.run([compiler, *_FLAGS, *defines, source_path, "-o", output, f"-L{torch_lib}",
+                    f"-Wl,-rpath,{torch_lib}"], check=True, capture_output=True)
+
+
 def _load(source: str, defines: dict[str, int]) -> Optional[ctypes.CDLL]:
-    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    compiler = c_compiler()
     if compiler is None:
         logger.warning("No C compiler found: the CPU path runs PyTorch operators instead of %s (slower).", source)
         return None
@@ -295,12 +308,10 @@ def _build(compiler: str, source: str, defines: list[str]) -> str:
     if os.path.exists(path):
         return path
     os.makedirs(_CACHE_DIR, exist_ok=True)
-    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")  # PyTorch's libgomp, not a second runtime
     fd, partial = tempfile.mkstemp(dir=_CACHE_DIR, suffix=".so")
     os.close(fd)
     try:
-        subprocess.run([compiler, *_FLAGS, *defines, os.path.join(_SOURCES, source), "-o", partial,
-                        f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"], check=True, capture_output=True)
+        compile_library(compiler, os.path.join(_SOURCES, source), partial, defines)
         os.replace(partial, path)  # atomic: processes building at once never load a half-written file
     finally:
         if os.path.exists(partial):
