@@ -94,8 +94,8 @@ def replay(sequences: list[tuple[list[int], list[int]]], cost: Callable[[int], f
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=",".join(str(r) for r in range(1, NGRAM_K + 2)),
-                        help="row counts timed (the replay needs 1 to num_speculative_tokens + 1)")
+    parser.add_argument("--rows", default=None,
+                        help="row counts timed (default: 1 to the largest of --ks + 1, what the replay needs)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds over the row counts")
     parser.add_argument("--ks", default=str(NGRAM_K),
                         help="num_speculative_tokens values to replay (each needs the row counts up to it + 1)")
@@ -107,7 +107,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     workload = load_workload("spec_decode", args.workloads_file)
     folder = os.path.dirname(args.workloads_file or os.environ.get("PAGEDLLM_BENCH_WORKLOADS") or "") or None
-    rows = sorted({1, *(int(r) for r in args.rows.split(","))})
+    ks = [int(k) for k in args.ks.split(",")]
+    rows = sorted({1, *(int(r) for r in args.rows.split(","))} if args.rows else range(1, max(ks) + 2))
     measured = run_in_child(measure, _prompts(workload["prompts_file"], folder), workload["output_len"], rows,
                             args.rounds)
     step_ms = {int(r): ms for r, ms in measured["step_ms"].items()}
@@ -121,7 +122,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         return lookup(tokens, k, NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX)
 
     result["replayed_ngram"] = []
-    for k in (int(k) for k in args.ks.split(",")):
+    for k in ks:
         if not all(r in relative for r in range(1, k + 2)):
             print(f"k={k}: not replayed, it needs the row counts 1 to {k + 1}", flush=True)
             continue
