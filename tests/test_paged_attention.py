@@ -32,12 +32,14 @@ def test_paged_attention_matches_dense_attention(kernel, dim, monkeypatch):
         assert attention.load_attention_kernel(HEADS // KV_HEADS, dim, BLOCK) is not None  # a C compiler is here
     torch.manual_seed(0)
     # (total tokens, already computed): two fresh prefills of one length (grouped), one of another, a chunk
-    # after cached context, and decodes of different lengths (padded block tables).
-    shapes = [(5, 0), (5, 0), (3, 0), (9, 6), (10, 9), (3, 2), (7, 6)]
-    free = list(torch.randperm(40).tolist())
+    # after cached context, and decodes of different lengths (padded block tables); the last two attend over
+    # several of the C kernel's 256-token segments, the last one partly filled.
+    shapes = [(5, 0), (5, 0), (3, 0), (9, 6), (10, 9), (3, 2), (7, 6), (530, 520), (600, 599)]
+    num_blocks = sum(-(-n // BLOCK) for n, _ in shapes)
+    free = list(torch.randperm(num_blocks).tolist())
     requests = [_request(str(i), n, c, [free.pop() for _ in range(-(-n // BLOCK))]) for i, (n, c) in enumerate(shapes)]
     full = {r.request_id: [torch.randn(r.num_tokens, h, dim) for h in (HEADS, KV_HEADS, KV_HEADS)] for r in requests}
-    cache = allocate_kv_cache(40, BLOCK, KV_HEADS, dim, torch.float32, torch.device("cpu"))
+    cache = allocate_kv_cache(num_blocks, BLOCK, KV_HEADS, dim, torch.float32, torch.device("cpu"))
     for r in requests:  # the context computed in earlier steps
         slots = torch.tensor([r.block_ids[p // BLOCK] * BLOCK + p % BLOCK for p in range(r.num_computed_tokens)],
                              dtype=torch.long)

@@ -14,11 +14,15 @@
  * four tokens by the group's heads, their sums held in vector registers and reduced across lanes four tokens
  * at a time; one softmax per segment (a whole decode context of the default workload) instead of one per
  * block; the weighted sum of values keeps a slice of each head's output in registers over a whole block.
- * Blocks lie apart in memory, where the hardware prefetcher does not follow: each block read prefetches the
- * next one to be read into L2, into the next row's where the row ends (the threads take rows in runs).
+ * Blocks lie apart in memory, where the hardware prefetcher does not follow: each block read prefetches into
+ * L2 the one two reads later, in the next row where the row ends (the threads take rows in runs).
  * Measured on one core of an AMD Zen 3, 64 sequences of 192 tokens over 30 layers' caches: 1.15-1.3x the
- * kernel it replaced (one softmax per block, dot products reduced token by token). Prefetching two or three
- * blocks ahead, or fewer lines, or into L1, measured the same or slower; 2 MB pages for the cache, 5% (noise).
+ * kernel it replaced (one softmax per block, dot products reduced token by token); fewer lines, or into L1,
+ * measured the same or slower; 2 MB pages for the cache, 5% (noise). On both cores of an AMD Zen 4, two
+ * blocks ahead instead of one: 1.06x at 32 and 64 sequences, 1.02x at 16. There, reading the same blocks in
+ * the same order with the arithmetic replaced by a plain sum reached 27-28 GB/s against 33-36 for a
+ * sequential read of as many bytes, and this kernel 25-26: scattered 4 KiB blocks, not the arithmetic, bound
+ * it.
  *
  * Layouts: q [rows, kv_heads * GROUP, HEAD_DIM] with q_stride floats between rows (a view of the merged QKV
  * projection), out [rows, kv_heads * GROUP, HEAD_DIM]; k_cache, v_cache [kv_heads, num_blocks,
@@ -246,11 +250,37 @@ static inline __attribute__((always_inline)) void segment_softmax(float scores[G
     }
 }
 
-/* One row's attention for the GROUP query heads of one KV head (q and out point at the group's first head),
- * segment by segment: the segment's scores, their softmax, then its values. Reading a block, it prefetches
- * the next one to read: the segment's next key or value block, else the following segment's first keys, or
- * those of `next`, the row the thread takes next (null: none). */
-static void attend(const float *q, row_source row, const row_source *next, float scale, float *out) {
+/* Blocks ahead of the one being read that each read prefetches: far enough that the scattered blocks arrive
+ * before they are needed, near enough that they are still in L2 when they are. */
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2
+#endif
+
+/* The n-th block a row reads, segment by segment its keys then its values (n below twice its blocks). */
+static inline const float *nth_read(row_source row, int64_t n) {
+    const int64_t blocks = (row.length + BLOCK_SIZE - 1) / BLOCK_SIZE, segment = n / (2 * SEGMENT_BLOCKS);
+    const int64_t first = segment * SEGMENT_BLOCKS, index = n - 2 * first;
+    const int64_t in_segment = blocks - first < SEGMENT_BLOCKS ? blocks - first : SEGMENT_BLOCKS;
+    return index < in_segment ? block_at(row.keys, row.table, first + index)
+                              : block_at(row.values, row.table, first + index - in_segment);
+}
+
+/* The n-th block read from the start of rows[0], going on into the rows after it (null past the last). */
+static const float *read_from(const row_source *rows, int64_t count, int64_t n) {
+    for (int64_t r = 0; r < count; r++) {
+        const int64_t reads = 2 * ((rows[r].length + BLOCK_SIZE - 1) / BLOCK_SIZE);
+        if (n < reads) return nth_read(rows[r], n);
+        n -= reads;
+    }
+    return 0;
+}
+
+/* The attention of rows[0] for the GROUP query heads of one KV head (q and out point at the group's first
+ * head), segment by segment: the segment's scores, their softmax, then its values. Each block read
+ * prefetches the one PREFETCH_BLOCKS reads later, in this row or in the `count` - 1 rows the thread takes
+ * after it. */
+static void attend(const float *q, const row_source *rows, int64_t count, float scale, float *out) {
+    const row_source row = rows[0];
     vec query[GROUP][CHUNKS], acc[GROUP][CHUNKS];
     float running_max[GROUP], denominator[GROUP];
     for (int g = 0; g < GROUP; g++) {
@@ -261,26 +291,21 @@ static void attend(const float *q, row_source row, const row_source *next, float
         running_max[g] = -FLT_MAX;
         denominator[g] = 0.0f;
     }
+    int64_t read = PREFETCH_BLOCKS; /* the read to prefetch next */
     for (int64_t start = 0; start < row.length; start += SEGMENT) {
         const int64_t length = row.length - start < SEGMENT ? row.length - start : SEGMENT;
         const int64_t first = start / BLOCK_SIZE, blocks = (length + BLOCK_SIZE - 1) / BLOCK_SIZE;
-        /* The segment's reads in order, keys then values, then the following segment's first keys. */
-        const float *reads[2 * SEGMENT_BLOCKS + 1];
-        for (int64_t b = 0; b < blocks; b++) {
-            reads[b] = block_at(row.keys, row.table, first + b);
-            reads[blocks + b] = block_at(row.values, row.table, first + b);
-        }
-        reads[2 * blocks] = start + SEGMENT < row.length ? block_at(row.keys, row.table, first + blocks)
-                            : next && next->length > 0 ? block_at(next->keys, next->table, 0) : 0;
         float scores[GROUP][SEGMENT];
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t visible = length - b * BLOCK_SIZE < BLOCK_SIZE ? length - b * BLOCK_SIZE : BLOCK_SIZE;
-            block_scores(query, reads[b], visible, reads[b + 1], scores, b * BLOCK_SIZE);
+            block_scores(query, block_at(row.keys, row.table, first + b), visible, read_from(rows, count, read++),
+                         scores, b * BLOCK_SIZE);
         }
         segment_softmax(scores, length, running_max, denominator, acc);
         for (int64_t b = 0; b < blocks; b++) {
             const int64_t visible = length - b * BLOCK_SIZE < BLOCK_SIZE ? length - b * BLOCK_SIZE : BLOCK_SIZE;
-            accumulate_values(acc, reads[blocks + b], scores, b * BLOCK_SIZE, visible, reads[blocks + b + 1]);
+            accumulate_values(acc, block_at(row.values, row.table, first + b), scores, b * BLOCK_SIZE, visible,
+                              read_from(rows, count, read++));
         }
     }
     for (int g = 0; g < GROUP; g++)
@@ -315,7 +340,7 @@ void paged_attention_rows(const float *q, const float *k_cache, const float *v_c
         }
         for (int64_t item = first; item < end; item++) {
             const int64_t h = item / rows, r = item % rows, i = item - first;
-            attend(q + r * q_stride + h * GROUP * HEAD_DIM, sources[i], item + 1 < end ? &sources[i + 1] : 0, scale,
+            attend(q + r * q_stride + h * GROUP * HEAD_DIM, sources + i, end - item, scale,
                    out + (r * heads + h * GROUP) * HEAD_DIM);
         }
     }
