@@ -50,10 +50,10 @@
  * rate of one int8 row of x, 1.1x for float32 (measured 0.5 to 32 KiB; the hardware prefetchers alone fall
  * short). Non-temporal prefetches, meant to spare the caches that the host work between steps needs, were
  * 1.3x slower at 2 and 8 KiB on an AMD Zen 4 and left that work about as slow; prefetching a tile's first
- * PREFETCH_BYTES at once before its loop measured level for float32 and slower for bfloat16. Also level on a
- * Zen 4 at one row (a decode step's linears against a streaming read beside them, median of 5): a prefetch
- * that runs past a panel's end into the next tile's panels, and a thread's share split into tiles of equal
- * panel counts (10 as 5 + 5, not 8 + 2); 4 and 16 KiB ahead were 1.03x and 1.06x slower. */
+ * PREFETCH_BYTES at once before its loop measured level for float32 and slower for bfloat16. On a Zen 4 at
+ * one row (a decode step's linears against a streaming read beside them, median of 4-5 rounds), a prefetch
+ * that runs past a panel's end into the next tile's panels measured level, and 4 and 16 KiB ahead 1.03x and
+ * 1.06x slower. */
 #define PREFETCH_BYTES 8192
 #define SPREAD 8 /* tiles that share the prefetch of the next panel */
 /* Past this many rows an int8 panel is converted once into a float32 buffer; up to it, every tile converts
@@ -164,7 +164,8 @@ DEFINE_TILE(tile_bf16, uint16_t, load_bf16)
  * with AVX2) rather than 4 and 2: more streams read from memory at once. On a 2-core AMD Zen 4 with its
  * memory at 50-60 GB/s, a decode step's linears took 0.89x the time at one row (one core alone 0.93x; int8
  * 0.95x, bfloat16 0.92x) and 0.95x at two; the AVX2 build on the same machine 0.92x and 0.95x; level while
- * other work held the memory near 34 GB/s. Four rows over two panels measured level and stay on one. */
+ * other work held the memory near 34 GB/s. Four rows over two panels measured level and stay on one, and so
+ * did splitting a thread's share into tiles of equal panel counts (10 as 5 + 5, not 8 + 2; Zen 4, one row). */
 #define PANELS_PER_TILE(rows) ((rows) <= 3 ? TILE_ROWS / (rows) : 1)
 
 /* One specialization per row count (and panel count), so that the sums stay in registers. */
