@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedllm.core.request import Request
-from pagedllm.sample.metadata import SamplingMetadata
+from pagedllm.sample.metadata import SamplingMetadata, takes_raw_argmax
 from pagedllm.sample.sampler import UNSAMPLEABLE, Sampler
 from pagedllm.sampling_params import SamplingParams
 
@@ -103,17 +103,47 @@ def test_seeded_rows_ignore_the_rest_of_the_batch(seed):
 
 
 def test_rows_that_cannot_be_sampled_fail_alone_with_why():
-    """A row whose largest logit is not finite gets the UNSAMPLEABLE token, and the reason comes with the
-    tokens' one transfer to the host; the other rows keep their tokens."""
+    """A row whose largest logit is not finite gets the UNSAMPLEABLE token on the host, with the reason; the
+    other rows keep their tokens."""
     logits = torch.randn(4, VOCAB)
     logits[1, 5] = float("nan")
     logits[2] = float("-inf")
     logits[3, 7] = float("inf")
     requests = [_request(name, [1], [], temperature=0, logprobs=2) for name in "abcd"]
     out = _sample(requests, logits)
-    assert out.token_ids.tolist()[1:] == [UNSAMPLEABLE] * 3
     tokens, failed = out.to_host()
     assert tokens[0] == int(logits[0].argmax())
+    assert tokens[1:] == [UNSAMPLEABLE] * 3
     assert failed == {1: "its logits contain NaN or infinity",
                       2: "every token was masked out, so none can be sampled",
                       3: "its logits contain NaN or infinity"}
+
+
+@pytest.mark.parametrize("kwargs, raw", [
+    (dict(), True),
+    (dict(min_tokens=1), True),  # one output already: nothing banned
+    (dict(logprobs=0), False),
+    (dict(temperature=0.5), False),
+    (dict(presence_penalty=0.5), False),
+    (dict(frequency_penalty=0.5), False),
+    (dict(repetition_penalty=1.2), False),
+    (dict(logit_bias={3: 1.0}), False),
+    (dict(allowed_token_ids=[1, 2]), False),
+    (dict(min_tokens=2), False),  # EOS banned until the second output
+    (dict(logits_processors=[lambda output_ids, logits: logits]), False),
+    (dict(bad_words_token_ids=[[5]]), False),
+    (dict(grammar=True), False),
+])
+def test_raw_argmax_rows_are_those_the_sampler_leaves_alone(kwargs, raw):
+    """takes_raw_argmax (the rows a CPU graph samples by itself) holds exactly where the sampler's metadata
+    has nothing to apply to the row and no logprobs to report."""
+    kwargs = {"temperature": 0.0, **kwargs}
+    bad_words, grammar = kwargs.pop("bad_words_token_ids", []), kwargs.pop("grammar", False)
+    request = _request("r", [1, 2], [3], eos=7, **kwargs)
+    request.sampling_params.bad_words_token_ids = bad_words
+    bitmasks = {"r": torch.full((1, 1), -1, dtype=torch.int32)} if grammar else {}
+    meta = SamplingMetadata.build([request], {}, VOCAB, torch.device("cpu"), bitmasks)
+    untouched = (meta.all_greedy and meta.max_num_logprobs is None and not meta.logits_processors
+                 and all(part is None for part in (meta.penalties, meta.logit_bias, meta.allowed, meta.banned,
+                                                   meta.grammar)))
+    assert takes_raw_argmax(request, bitmasks) == untouched == raw

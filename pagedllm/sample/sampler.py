@@ -8,6 +8,7 @@ from their own generator, so their tokens do not depend on the rest of the batch
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -23,25 +24,27 @@ UNSAMPLEABLE = -1
 
 
 class SamplerOutput(NamedTuple):
-    # [N] long, UNSAMPLEABLE where a row's largest logit is not finite: the finiteness check travels to the
-    # host with the tokens (`to_host`), so a step waits for the device once, not once more for the check.
-    token_ids: torch.Tensor
+    token_ids: torch.Tensor  # [N] long
     # When any row asked for logprobs: [N, 1 + k] ids and logprobs (the sampled token first), [N] ranks.
     logprob_token_ids: Optional[torch.Tensor]
     logprobs: Optional[torch.Tensor]
     sampled_ranks: Optional[torch.Tensor]
-    maxima: torch.Tensor  # [N] each row's largest logit: why an UNSAMPLEABLE row is one
+    maxima: torch.Tensor  # [N] each row's largest logit: a row whose largest is not finite cannot be sampled
     failed: dict[int, str]  # rows failed before sampling (a logits processor raised), with why
 
     def to_host(self) -> tuple[list[int], dict[int, str]]:
-        """The sampled tokens as a list, in one transfer, and every row that failed, with why (its token is
-        meaningless)."""
-        tokens = self.token_ids.tolist()
+        """The sampled tokens as a list, UNSAMPLEABLE in every row that failed, and those rows with why. The
+        maxima are checked on the host: their transfer follows the tokens', once the device has finished, so
+        a step waits for the device once, and a step whose kernels find the argmax (cpu_graph's greedy step)
+        needs no PyTorch operator for the check."""
+        tokens, maxima = self.token_ids.tolist(), self.maxima.tolist()
         failed = dict(self.failed)
-        for row, token in enumerate(tokens):
-            if token == UNSAMPLEABLE and row not in failed:
-                failed[row] = ("every token was masked out, so none can be sampled"
-                               if float(self.maxima[row]) == float("-inf") else "its logits contain NaN or infinity")
+        for row, maximum in enumerate(maxima):
+            if not math.isfinite(maximum) and row not in failed:
+                failed[row] = ("every token was masked out, so none can be sampled" if maximum == -math.inf
+                               else "its logits contain NaN or infinity")
+        for row in failed:
+            tokens[row] = UNSAMPLEABLE
         return tokens, failed
 
 
@@ -56,7 +59,6 @@ class Sampler:
         else:
             tokens = torch.where(meta.greedy, greedy_tokens, sample_random(logits, meta))
         gathered = (None, None, None) if logprobs is None else gather_logprobs(logprobs, tokens, meta.max_num_logprobs)
-        tokens = tokens.masked_fill(~torch.isfinite(maxima), UNSAMPLEABLE)
         return SamplerOutput(tokens, *gathered, maxima, meta.failed)
 
 

@@ -14,8 +14,8 @@ from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.model.attention import allocate_kv_cache
-from pagedllm.sample.metadata import SamplingMetadata
-from pagedllm.sample.sampler import Sampler
+from pagedllm.sample.metadata import SamplingMetadata, takes_raw_argmax
+from pagedllm.sample.sampler import Sampler, SamplerOutput
 from pagedllm.spec_decode.proposer import Proposer
 from pagedllm.spec_decode.verify import verify_proposals
 from pagedllm.worker.batch import ModelInput, build_model_input
@@ -140,6 +140,7 @@ class ModelRunner:
                                                                 batch.query_starts)
         graphs = self.lora_decode_graphs if uses_lora else self.decode_graphs
         hidden = graphs.forward(batch) if graphs is not None else None
+        ran_cpu_graph = hidden is not None and isinstance(graphs, DecodeGraphs)
         if hidden is None:
             extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,
@@ -151,17 +152,20 @@ class ModelRunner:
             return ModelRunnerOutput({}, {}, {}, forward_ms)
         prompt_logprobs = self._prompt_logprobs(batch, hidden)
         sampling = [batch.requests[i] for i in batch.sample_rows]
-        # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
-        logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
-        if logits is None:
-            return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
         failed = self._make_generators(sampling)
-        if any(request.spec_token_ids for request in sampling):
-            sampled, logprobs = verify_proposals(logits, sampling, self.generators, self.vocab_size,
-                                                 self.device, grammar_bitmasks)
-            return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
-        meta = SamplingMetadata.build(sampling, self.generators, self.vocab_size, self.device, grammar_bitmasks)
-        out = self.sampler(logits, meta)
+        out = self._sample_in_graph(graphs, batch, sampling, grammar_bitmasks) if ran_cpu_graph else None
+        if out is None:
+            # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
+            logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
+            if logits is None:
+                return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
+            if any(request.spec_token_ids for request in sampling):
+                sampled, logprobs = verify_proposals(logits, sampling, self.generators, self.vocab_size,
+                                                     self.device, grammar_bitmasks)
+                return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
+            meta = SamplingMetadata.build(sampling, self.generators, self.vocab_size, self.device,
+                                          grammar_bitmasks)
+            out = self.sampler(logits, meta)
         tokens, failed_rows = out.to_host()
         failed.update({sampling[row].request_id: why for row, why in failed_rows.items()})
         logprobs = {}
@@ -174,6 +178,21 @@ class ModelRunner:
                                                                  [ranks[row]])
         sampled = {r.request_id: [t] for r, t in zip(sampling, tokens) if r.request_id not in failed}
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
+
+    @staticmethod
+    def _sample_in_graph(graphs: DecodeGraphs, batch: ModelInput, sampling: list[WorkerRequest],
+                         grammar_bitmasks: dict) -> Optional[SamplerOutput]:
+        """The step's tokens from the CPU graph that ran it, which replays the LM head and the argmax after it
+        (DecodeGraphs.greedy), where every row of the step samples, and samples the argmax of its logits as
+        they come (takes_raw_argmax); else None."""
+        if len(sampling) != batch.input_ids.shape[0] or not all(
+                takes_raw_argmax(request, grammar_bitmasks) and not request.spec_token_ids for request in sampling):
+            return None
+        greedy = graphs.greedy(len(sampling))
+        if greedy is None:
+            return None
+        maxima, tokens = greedy
+        return SamplerOutput(tokens, None, None, None, maxima, {})
 
     def _make_generators(self, requests: list[WorkerRequest]) -> dict[str, str]:
         """Seeded requests' own generators, made on their first sample; a seed torch refuses fails its

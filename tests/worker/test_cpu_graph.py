@@ -8,6 +8,7 @@ from pagedllm import LLM, SamplingParams
 from pagedllm.model import attention, cpu_kernels
 from pagedllm.model.linear_backend import ENV_VAR
 from pagedllm.model.linear_timing import BACKENDS, present
+from pagedllm.sample import sampler
 from pagedllm.worker import cpu_graph
 from pagedllm.worker.cpu_graph import CaptureRefused, _OnlyKernels
 from pagedllm.worker.graph_arena import GraphArena
@@ -51,6 +52,36 @@ def test_replayed_decode_steps_equal_eager_ones(tiny_model_dir, eager_run):
     _assert_same(replayed, eager)
     # Every size now replays, each over intermediates that the captures of the others overwrote.
     _assert_same(llm.generate(PROMPTS, PARAMS, use_tqdm=False), eager)
+
+
+@pytest.mark.slow
+def test_greedy_steps_sample_in_the_graph_as_eagerly(tiny_model_dir):
+    """Steps whose rows all take the argmax of their logits (greedy, no logprobs) replay the LM head and the
+    argmax too; min_tokens keeps one request on the sampler (EOS banned) for its first outputs, so some steps
+    mix the two kinds of rows and sample in PyTorch."""
+    params = [SamplingParams(temperature=0.0, max_tokens=4 + 4 * i, ignore_eos=True, min_tokens=3 * (i == 9))
+              for i in range(10)]
+    eager = LLM(tiny_model_dir, num_gpu_blocks_override=128, enable_prefix_caching=False,
+                enforce_eager=True).generate(PROMPTS, params, use_tqdm=False)
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=128, enable_prefix_caching=False)
+    replayed = llm.generate(PROMPTS, params, use_tqdm=False)
+    graphs = _runner(llm).decode_graphs
+    assert all(graphs.graphs[size]._greedy_steps is not None for size in range(1, len(PROMPTS) + 1))
+    assert [r.outputs[0].token_ids for r in replayed] == [r.outputs[0].token_ids for r in eager]
+
+
+@pytest.mark.slow
+def test_greedy_steps_that_cannot_be_recorded_go_to_the_sampler(tiny_model_dir, monkeypatch):
+    """An argmax in PyTorch (no row_max kernel) is refused: the sampler takes greedy steps; the layers replay."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    eager = LLM(tiny_model_dir, num_gpu_blocks_override=128, enforce_eager=True).generate(
+        PROMPTS, params, use_tqdm=False)
+    monkeypatch.setattr(sampler, "load_row_max", lambda: None)
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=128)
+    replayed = llm.generate(PROMPTS, params, use_tqdm=False)
+    graphs = _runner(llm).decode_graphs
+    assert graphs.greedy_arena is None and graphs.run_plan is not None and graphs.graphs
+    assert [r.outputs[0].token_ids for r in replayed] == [r.outputs[0].token_ids for r in eager]
 
 
 @pytest.mark.slow
@@ -122,12 +153,17 @@ def test_capture_refuses_computation_and_allows_views():
 
 @pytest.mark.slow
 def test_default_model_replays_batch_one_as_eager(llm, default_model):
+    """With logprobs the sampler samples each step; without, the graph's greedy step does."""
     prompt = [{"prompt_token_ids": llm.get_tokenizer().encode("The capital of France is")}]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
-    replayed = llm.generate(prompt, params, use_tqdm=False)
-    assert 1 in _runner(llm).decode_graphs.graphs
-    eager = LLM(default_model, enforce_eager=True).generate(prompt, params, use_tqdm=False)
-    _assert_same(replayed, eager)
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    replayed, replayed_greedy = (llm.generate(prompt, p, use_tqdm=False) for p in (params, greedy))
+    assert _runner(llm).decode_graphs.graphs[1]._greedy_steps is not None
+    eager_llm = LLM(default_model, enforce_eager=True)
+    _assert_same(replayed, eager_llm.generate(prompt, params, use_tqdm=False))
+    assert replayed_greedy[0].outputs[0].token_ids == replayed[0].outputs[0].token_ids
+    assert replayed_greedy[0].outputs[0].token_ids == \
+        eager_llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
 
 
 @torch.inference_mode()
