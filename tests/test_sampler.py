@@ -132,11 +132,12 @@ def test_rows_that_cannot_be_sampled_fail_alone_with_why():
     (dict(min_tokens=2), False),  # EOS banned until the second output
     (dict(logits_processors=[lambda output_ids, logits: logits]), False),
     (dict(bad_words_token_ids=[[5]]), False),
+    (dict(bad_words_token_ids=[[4, 5]]), False),  # nothing banned now, but a verified position may end in 4
     (dict(grammar=True), False),
 ])
 def test_raw_argmax_rows_are_those_the_sampler_leaves_alone(kwargs, raw):
-    """takes_raw_argmax (the rows a CPU graph samples by itself) holds exactly where the sampler's metadata
-    has nothing to apply to the row and no logprobs to report."""
+    """takes_raw_argmax (the rows a CPU graph samples by itself) holds only where the sampler's metadata has
+    nothing to apply to the row and no logprobs to report, and everywhere so but for a request with bad words."""
     kwargs = {"temperature": 0.0, **kwargs}
     bad_words, grammar = kwargs.pop("bad_words_token_ids", []), kwargs.pop("grammar", False)
     request = _request("r", [1, 2], [3], eos=7, **kwargs)
@@ -146,4 +147,5 @@ def test_raw_argmax_rows_are_those_the_sampler_leaves_alone(kwargs, raw):
     untouched = (meta.all_greedy and meta.max_num_logprobs is None and not meta.logits_processors
                  and all(part is None for part in (meta.penalties, meta.logit_bias, meta.allowed, meta.banned,
                                                    meta.grammar)))
-    assert takes_raw_argmax(request, bitmasks) == untouched == raw
+    assert takes_raw_argmax(request, bitmasks) == raw
+    assert untouched == (raw or kwargs == {"temperature": 0.0} and bad_words == [[4, 5]])

@@ -98,14 +98,16 @@ class SamplingMetadata:
 
 
 def takes_raw_argmax(request: SamplingRequest, grammar_bitmasks: dict[str, torch.Tensor]) -> bool:
-    """Whether sampling this request's row takes the argmax of its logits as they come from the model, and no
-    more: greedy, no logprobs, and nothing for any of the sampler's steps to apply (the row SamplingMetadata.build
-    gives no logits processor, penalty, bias, allowed or banned tokens, or grammar mask)."""
+    """Whether sampling this request's rows takes the argmax of their logits as they come from the model, and
+    no more: greedy, no logprobs, and nothing for any of the sampler's steps to apply (the rows SamplingMetadata.build
+    gives no logits processor, penalty, bias, allowed or banned tokens, or grammar mask). No request with bad
+    words is one: a verified position's outputs, the proposals before it included, may end in a bad word's
+    first tokens where the request's own do not."""
     params = request.sampling_params
     return (params.sampling_type == SamplingType.GREEDY and params.logprobs is None
             and not params.logits_processors and not params.logit_bias and params.allowed_token_ids is None
             and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1
-            and not _min_tokens_banned(request) and not _bad_word_ends(request)
+            and not params.bad_words_token_ids and not _min_tokens_banned(request)
             and request.request_id not in grammar_bitmasks)
 
 

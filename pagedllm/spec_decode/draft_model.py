@@ -186,8 +186,8 @@ class DraftModelProposer(Proposer):
     def _next_tokens(self, feeds: list[_Feed]) -> list[int]:
         """One forward pass of the draft over each feed's new tokens: its greedy next token, in `feeds` order."""
         hidden = self._decode_rows(feeds)
-        if hidden is not None:  # one row per feed, in order, from the graph of that many rows
-            greedy = self.graphs.greedy(len(feeds))
+        if hidden is not None:  # one row per feed, in order, from a CPU graph
+            greedy = self.graphs.greedy()
             return greedy[1].tolist() if greedy is not None else self._greedy(hidden)
         batch = build_model_input([(feed, feed.layout()) for feed in feeds], self.block_size, self.device)
         hidden = self.graphs.forward(batch) if self.graphs is not None else None

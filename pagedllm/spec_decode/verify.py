@@ -58,3 +58,14 @@ def verify_proposals(logits: torch.Tensor, requests: list[WorkerRequest], genera
             sampled_logprobs[request.request_id] = TokenLogprobs(ids.tolist(), values.tolist(), ranks.tolist())
         start = end
     return sampled, sampled_logprobs
+
+
+def verify_greedy(argmax: list[int], requests: list[WorkerRequest]) -> dict[str, list[int]]:
+    """The tokens each greedy request emits, given the argmax of its every verified position, in order (from
+    a CPU graph's greedy step: the requests take the argmax of their logits as they come)."""
+    sampled, start = {}, 0
+    for request in requests:
+        end = start + len(request.spec_token_ids) + 1
+        sampled[request.request_id] = accept_greedy(argmax[start:end], request.spec_token_ids)
+        start = end
+    return sampled

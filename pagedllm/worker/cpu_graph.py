@@ -221,6 +221,7 @@ class DecodeGraphs:
         # The greedy steps' logits and argmaxes, apart from the graphs' arena: a greedy step reads its graph's
         # final hidden states, which a recording over that arena would overwrite.
         self.greedy_arena: Optional[GraphArena] = GraphArena()
+        self._last: Optional[DecodeGraph] = None  # the graph that ran the last step, if one did
 
     def forward(self, batch: ModelInput) -> Optional[torch.Tensor]:
         """The batch's final hidden states from its graph, or None where it has none: a step of more than
@@ -235,13 +236,13 @@ class DecodeGraphs:
         fits = len(rows) <= MAX_GRAPH_ROWS and all(len(row.block_ids) <= self.max_blocks for row in rows)
         return self._run(len(rows) if fits and rows else None, lambda graph: graph.run_rows(rows, block_size))
 
-    def greedy(self, rows: int) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-        """Each row's largest logit and greedy token ([rows] each, on the CPU) after the last step, which the
-        graph of `rows` rows ran: the LM head and the argmax replayed from a recording. The sampler's Python
+    def greedy(self) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Each row's largest logit and greedy token ([rows] each, on the CPU) for the final hidden states of the
+        last `forward` or `forward_rows`: the LM head and the argmax replayed from a recording. The sampler's Python
         and PyTorch operators around the same two kernels, run on caches the weights have just streamed
         through, made a step at one row of the default model 0.4 ms longer (AMD Zen 4, median of 12 requests
-        taking turns). None where no graph of that many rows ran or the two cannot be recorded."""
-        graph = self.graphs.get(rows)
+        taking turns). None where no graph ran that step or the two cannot be recorded."""
+        graph = self._last
         if graph is None or self.greedy_arena is None:
             return None
         try:
@@ -252,6 +253,7 @@ class DecodeGraphs:
             return None
 
     def _run(self, size: Optional[int], run: Callable[[DecodeGraph], torch.Tensor]) -> Optional[torch.Tensor]:
+        self._last = None
         if self.run_plan is None or size is None:
             return None
         graph = self.graphs.get(size)
@@ -259,7 +261,7 @@ class DecodeGraphs:
             graph = self.graphs[size] = DecodeGraph(self.model, self.kv_caches, self.run_plan, self.arena, size,
                                                         self.max_blocks)
         try:
-            return run(graph)
+            hidden = run(graph)
         except CaptureRefused as reason:
             # What ran before the refusal is repeated eagerly: it rewrites the same cache slots with the same keys.
             logger.info("Decode steps run eagerly: %s, which a CPU graph cannot replay.", reason)
@@ -267,3 +269,5 @@ class DecodeGraphs:
             self.graphs.clear()
             self.arena = GraphArena()
             return None
+        self._last = graph
+        return hidden

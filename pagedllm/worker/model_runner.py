@@ -17,7 +17,7 @@ from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.sample.metadata import SamplingMetadata, takes_raw_argmax
 from pagedllm.sample.sampler import Sampler, SamplerOutput
 from pagedllm.spec_decode.proposer import Proposer
-from pagedllm.spec_decode.verify import verify_proposals
+from pagedllm.spec_decode.verify import verify_greedy, verify_proposals
 from pagedllm.worker.batch import ModelInput, build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs
 from pagedllm.worker.cuda_graph import PADDING_BLOCKS, CudaDecodeGraphs
@@ -140,7 +140,6 @@ class ModelRunner:
                                                                 batch.query_starts)
         graphs = self.lora_decode_graphs if uses_lora else self.decode_graphs
         hidden = graphs.forward(batch) if graphs is not None else None
-        ran_cpu_graph = hidden is not None and isinstance(graphs, DecodeGraphs)
         if hidden is None:
             extra = {"prompt_embeds": batch.prompt_embeds} if batch.prompt_embeds is not None else {}
             hidden = self.model.forward_stage(batch.input_ids, batch.positions, kv_caches, batch.attn_metadata,
@@ -153,7 +152,10 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(batch, hidden)
         sampling = [batch.requests[i] for i in batch.sample_rows]
         failed = self._make_generators(sampling)
-        out = self._sample_in_graph(graphs, batch, sampling, grammar_bitmasks) if ran_cpu_graph else None
+        out = self._sample_in_graph(graphs, batch, sampling, grammar_bitmasks)
+        if out is not None and any(request.spec_token_ids for request in sampling):
+            sampled = verify_greedy(out.token_ids.tolist(), sampling)
+            return ModelRunnerOutput(sampled, {}, prompt_logprobs, forward_ms, failed=failed)
         if out is None:
             # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
             logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
@@ -180,15 +182,16 @@ class ModelRunner:
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
 
     @staticmethod
-    def _sample_in_graph(graphs: DecodeGraphs, batch: ModelInput, sampling: list[WorkerRequest],
-                         grammar_bitmasks: dict) -> Optional[SamplerOutput]:
-        """The step's tokens from the CPU graph that ran it, which replays the LM head and the argmax after it
-        (DecodeGraphs.greedy), where every row of the step samples, and samples the argmax of its logits as
-        they come (takes_raw_argmax); else None."""
-        if len(sampling) != batch.input_ids.shape[0] or not all(
-                takes_raw_argmax(request, grammar_bitmasks) and not request.spec_token_ids for request in sampling):
+    def _sample_in_graph(graphs: Optional[DecodeGraphs | CudaDecodeGraphs], batch: ModelInput,
+                         sampling: list[WorkerRequest], grammar_bitmasks: dict) -> Optional[SamplerOutput]:
+        """The argmax of every row of the step from the CPU graph that ran it, if one did, which replays the LM
+        head and the argmax kernel after it (DecodeGraphs.greedy), where every row is sampled (a decode, or a
+        verified position) and takes the argmax of its logits as they come (takes_raw_argmax); else None."""
+        if not isinstance(graphs, DecodeGraphs) or len(batch.sample_token_indices) != batch.input_ids.shape[0]:
             return None
-        greedy = graphs.greedy(len(sampling))
+        if not all(takes_raw_argmax(request, grammar_bitmasks) for request in sampling):
+            return None
+        greedy = graphs.greedy()
         if greedy is None:
             return None
         maxima, tokens = greedy

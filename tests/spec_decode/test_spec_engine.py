@@ -66,6 +66,11 @@ def test_greedy_outputs_equal_plain_decoding(request, config, greedy_plain):
     again = chat(spec_llm, SamplingParams(max_tokens=40, temperature=0, logprobs=3))
     assert all(o.num_cached_tokens > 0 for o in again)
     assert_same_as_plain(again, greedy_plain)
+    # Without logprobs, verification steps take the argmax of every position from their CPU graph's greedy step.
+    greedy = chat(spec_llm, SamplingParams(max_tokens=40, temperature=0))
+    assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in greedy_plain]
+    graphs = runner.decode_graphs.graphs
+    assert any(rows > len(PROMPTS) and graph._greedy_steps is not None for rows, graph in graphs.items())
 
 
 def test_stops_inside_an_accepted_run_cut_there(ngram_llm, llm, greedy_plain):
