@@ -34,10 +34,11 @@ class SamplerOutput(NamedTuple):
 
     def to_host(self) -> tuple[list[int], dict[int, str]]:
         """The sampled tokens as a list, UNSAMPLEABLE in every row that failed, and those rows with why. The
-        maxima are checked on the host: their transfer follows the tokens', once the device has finished, so
-        a step waits for the device once, and a step whose kernels find the argmax (cpu_graph's greedy step)
-        needs no PyTorch operator for the check."""
-        tokens, maxima = self.token_ids.tolist(), self.maxima.tolist()
+        maxima are checked on the host: on a GPU their copy is queued before the tokens' transfer, whose wait
+        covers both, so a step waits for the device once; on the CPU a step whose kernels find the argmax
+        (cpu_graph's greedy step) then runs no PyTorch operator for the check."""
+        maxima = self.maxima.to("cpu", non_blocking=True)
+        tokens, maxima = self.token_ids.tolist(), maxima.tolist()
         failed = dict(self.failed)
         for row, maximum in enumerate(maxima):
             if not math.isfinite(maximum) and row not in failed:

@@ -1,6 +1,7 @@
 """On a GPU, a decode step waits for the device once: to bring its sampled tokens to the host. The step's
-inputs and sampling parameters go to the device without waiting for the work queued before them, and the
-check that every row could be sampled travels with the tokens. Skipped without CUDA."""
+inputs and sampling parameters go to the device without waiting for the work queued before them, and each
+row's largest logit, which tells whether the row could be sampled, is copied without waiting, before the
+tokens. Skipped without CUDA."""
 from __future__ import annotations
 
 import warnings
