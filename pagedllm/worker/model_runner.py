@@ -152,8 +152,9 @@ class ModelRunner:
         prompt_logprobs = self._prompt_logprobs(batch, hidden)
         sampling = [batch.requests[i] for i in batch.sample_rows]
         failed = self._make_generators(sampling)
+        verifying = any(request.spec_token_ids for request in sampling)
         out = self._sample_in_graph(graphs, batch, sampling, grammar_bitmasks)
-        if out is not None and any(request.spec_token_ids for request in sampling):
+        if out is not None and verifying:
             sampled = verify_greedy(out.token_ids.tolist(), sampling)
             return ModelRunnerOutput(sampled, {}, prompt_logprobs, forward_ms, failed=failed)
         if out is None:
@@ -161,7 +162,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
             if logits is None:
                 return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
-            if any(request.spec_token_ids for request in sampling):
+            if verifying:
                 sampled, logprobs = verify_proposals(logits, sampling, self.generators, self.vocab_size,
                                                      self.device, grammar_bitmasks)
                 return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
