@@ -7,7 +7,8 @@ For each batch size, that many of the workload's prompts are prefilled, then eac
 exclusive times: linear layers, the LM head, attention, element-wise kernels, embedding, sampling, batch
 layout, the model's own Python, the rest of the model runner, and the engine around it (scheduler, output
 processing, detokenization). Also the attention kernel's effective rate of KV cache read (keys and values of
-every context token, per layer). Timers wrap the Python calls, so they add a few microseconds per kernel call.
+every context token, per layer). Timers wrap the Python calls, so they add a few microseconds per kernel call,
+and the steps run eagerly: a CPU graph replays its kernel calls from C, where no timer sees them.
 
 On a machine shared with other work, `--threads 1 --clock cpu` gives the cleanest split: each part's CPU time
 on the one thread, which other processes stretch far less than wall time (they still share the memory).
@@ -143,7 +144,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     instrument(timer)
     from pagedllm import LLM
 
-    llm = LLM()
+    llm = LLM(enforce_eager=True)
     prompts = token_prompts(workload, max(sizes))
     profile_batch(llm, timer, prompts[:2], 4)  # warm-up: kernel builds, first-call costs
     rows = []
