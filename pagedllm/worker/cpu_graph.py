@@ -156,8 +156,8 @@ class DecodeGraph:
 
     def greedy(self, arena: GraphArena) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's largest logit and its token (the first index of it) for the hidden states of the last run:
-        the LM head and the argmax kernel, recorded on the first call (their results in `arena`, which the next
-        recording of any graph's greedy step overwrites), raising CaptureRefused where they cannot be."""
+        the LM head and the argmax kernel, recorded on the first call, raising CaptureRefused where they cannot
+        be. Their results lie in `arena`, shared by every graph's greedy step: the next one overwrites them."""
         if self._greedy_steps is None:
             arena.restart()
             with recording_calls() as recording, _OnlyKernels(arena):
