@@ -3,7 +3,7 @@ sampler's steps as a row of its own (with the proposals before it counted as out
 and logits processors see what plain decoding would), then rejection.py decides what is kept."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -43,10 +43,8 @@ def verify_proposals(logits: torch.Tensor, requests: list[WorkerRequest], genera
     greedy = row_max(logits)[1].tolist()
     probs = None if meta.all_greedy else random_probs(logits, meta)
     sampled, sampled_logprobs = {}, {}
-    start = 0
-    for request in requests:
+    for request, start, end in _position_spans(requests):
         proposed, params = request.spec_token_ids, request.sampling_params
-        end = start + len(proposed) + 1
         if params.sampling_type == SamplingType.GREEDY:
             tokens = accept_greedy(greedy[start:end], proposed)
         else:
@@ -56,16 +54,21 @@ def verify_proposals(logits: torch.Tensor, requests: list[WorkerRequest], genera
             ids, values, ranks = gather_logprobs(logprobs[start:start + len(tokens)],
                                                  torch.tensor(tokens, device=device), params.logprobs)
             sampled_logprobs[request.request_id] = TokenLogprobs(ids.tolist(), values.tolist(), ranks.tolist())
-        start = end
     return sampled, sampled_logprobs
 
 
 def verify_greedy(argmax: list[int], requests: list[WorkerRequest]) -> dict[str, list[int]]:
     """The tokens each greedy request emits, given the argmax of its every verified position, in order (from
     a CPU graph's greedy step: the requests take the argmax of their logits as they come)."""
-    sampled, start = {}, 0
+    return {request.request_id: accept_greedy(argmax[start:end], request.spec_token_ids)
+            for request, start, end in _position_spans(requests)}
+
+
+def _position_spans(requests: list[WorkerRequest]) -> Iterator[tuple[WorkerRequest, int, int]]:
+    """Each request with the rows [start, end) of its verified positions (its proposals and one more), the
+    requests' rows one after another."""
+    start = 0
     for request in requests:
         end = start + len(request.spec_token_ids) + 1
-        sampled[request.request_id] = accept_greedy(argmax[start:end], request.spec_token_ids)
+        yield request, start, end
         start = end
-    return sampled
