@@ -37,7 +37,7 @@ class SamplerOutput(NamedTuple):
         maxima are checked on the host: on a GPU their copy is queued before the tokens' transfer, whose wait
         covers both, so a step waits for the device once; on the CPU a step whose kernels find the argmax
         (cpu_graph's greedy step) then runs no PyTorch operator for the check."""
-        maxima = self.maxima.to("cpu", non_blocking=True)
+        maxima = self.maxima if self.maxima.device.type == "cpu" else self.maxima.to("cpu", non_blocking=True)
         tokens, maxima = self.token_ids.tolist(), maxima.tolist()
         failed = dict(self.failed)
         for row, maximum in enumerate(maxima):

@@ -61,10 +61,6 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
     decode_rows = [(r, r.num_computed_tokens + j + 1) for r, n in decodes for j in range(n)]
     num_prefill_tokens = len(ids) - len(decode_rows)
     block_tables = _block_tables([r for r, _ in decode_rows])
-    prefills = fresh + with_context
-    # Per prefill token: its sequence's row in the prefill block tables and the keys it attends to.
-    token_tables = [i for i, (_, n) in enumerate(prefills) for _ in range(n)]
-    token_lens = [p + 1 for p in positions[:num_prefill_tokens]]
     sample_rows = [i for i, (r, n) in enumerate(ordered)
                    if r.num_computed_tokens + n == r.num_tokens + len(r.spec_token_ids)]
     meta = AttentionMetadata(
@@ -74,10 +70,14 @@ def build_model_input(scheduled: list[tuple[WorkerRequest, int]], block_size: in
                                   device_tensor(r.block_ids, torch.long, device))
                   for i, (r, n) in enumerate(with_context)],
         num_prefill_tokens=num_prefill_tokens, decode_block_tables=device_tensor(block_tables, torch.long, device),
-        decode_context_lens=device_tensor([length for _, length in decode_rows], torch.long, device),
-        prefill_block_tables=device_tensor(_block_tables([r for r, _ in prefills]), torch.long, device),
-        prefill_token_tables=device_tensor(token_tables, torch.long, device),
-        prefill_token_lens=device_tensor(token_lens, torch.long, device))
+        decode_context_lens=device_tensor([length for _, length in decode_rows], torch.long, device))
+    prefills = fresh + with_context
+    if prefills:  # a step of decodes alone leaves these unset: three tensors fewer to make each decode step
+        meta.prefill_block_tables = device_tensor(_block_tables([r for r, _ in prefills]), torch.long, device)
+        # Per prefill token: its sequence's row in the prefill block tables and the keys it attends to.
+        meta.prefill_token_tables = device_tensor([i for i, (_, n) in enumerate(prefills) for _ in range(n)],
+                                                  torch.long, device)
+        meta.prefill_token_lens = device_tensor([p + 1 for p in positions[:num_prefill_tokens]], torch.long, device)
     return ModelInput(
         input_ids=device_tensor(ids, torch.long, device),
         positions=device_tensor(positions, torch.long, device),

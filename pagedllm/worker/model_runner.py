@@ -188,7 +188,7 @@ class ModelRunner:
         """The argmax of every row of the step from the CPU graph that ran it, if one did, which replays the LM
         head and the argmax kernel after it (DecodeGraphs.greedy), where every row is sampled (a decode, or a
         verified position) and takes the argmax of its logits as they come (takes_raw_argmax); else None."""
-        if not isinstance(graphs, DecodeGraphs) or len(batch.sample_token_indices) != batch.input_ids.shape[0]:
+        if not isinstance(graphs, DecodeGraphs) or batch.sample_token_indices.shape[0] != batch.input_ids.shape[0]:
             return None
         if not all(takes_raw_argmax(request, grammar_bitmasks) for request in sampling):
             return None

@@ -58,7 +58,8 @@ def _to_device(batch, tensors, cache):
     meta = batch.attn_metadata
     for name in ("slot_mapping", "decode_block_tables", "decode_context_lens", "prefill_block_tables",
                  "prefill_token_tables", "prefill_token_lens"):
-        setattr(meta, name, getattr(meta, name).to(DEVICE))
+        if getattr(meta, name) is not None:  # a step of decodes alone has no prefill layout
+            setattr(meta, name, getattr(meta, name).to(DEVICE))
     return meta, [t.to(DEVICE) for t in tensors], tuple(c.to(DEVICE) for c in cache)
 
 
