@@ -242,6 +242,8 @@ class PackedLinear(NamedTuple):
     float32: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x [rows, in], packed weight) -> x @ W.T
     int8: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (x, packed int8, scales [out])
     bfloat16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (float32 x, packed bfloat16 weight)
+    # (x, weight packed in 4- or 8-bit blocks by weight_blocks.py), or None where this build has no such kernel
+    blocks: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """[out, in] -> [out / panel, in, panel], contiguous."""
@@ -260,6 +262,7 @@ def packed_linear(library: ctypes.CDLL) -> PackedLinear:
     """The linear layers of a built packed_linear.c (this package's, or a benchmark's build of another
     revision)."""
     library.panel_width.restype = ctypes.c_int64
+    panel = library.panel_width()
     run_float32, run_int8 = Kernel(library, "packed_linear_f32"), Kernel(library, "packed_linear_i8")
     run_bfloat16 = Kernel(library, "packed_linear_bf16")
 
@@ -269,8 +272,20 @@ def packed_linear(library: ctypes.CDLL) -> PackedLinear:
         kernel(x, weight, *scales, out, x.shape[0], out.shape[1], x.shape[1])
         return out
 
-    return PackedLinear(library.panel_width(), functools.partial(run, run_float32), functools.partial(run, run_int8),
-                        functools.partial(run, run_bfloat16))
+    blocks = None
+    if getattr(library, "block_formats", None) is not None:  # a benchmark's build of an older revision has none
+        library.block_formats.restype = ctypes.c_int64
+        if library.block_formats():
+            run_blocks = Kernel(library, "packed_linear_blocks")
+
+            def blocks(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                x = x.contiguous()
+                out = x.new_empty(x.shape[0], weight.shape[0] * panel)
+                run_blocks(x, weight, out, x.shape[0], out.shape[1], x.shape[1], weight.shape[2])
+                return out
+
+    return PackedLinear(panel, functools.partial(run, run_float32), functools.partial(run, run_int8),
+                        functools.partial(run, run_bfloat16), blocks)
 
 
 def c_compiler() -> Optional[str]:

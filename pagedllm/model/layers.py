@@ -6,7 +6,8 @@ computes them all; `load_shard` places each checkpoint tensor in its rows, which
 tensor-parallel slicing and LoRA deltas attach. Once loaded, a layer may change how it multiplies:
 `quantize_int8` turns it into weight-only int8 (one scale per output row; activations stay in the model's
 dtype), `pack_for_cpu` reorders a float32 weight into oneDNN's blocked layout, `pack_panels` packs a float32 or
-int8 weight in panels for the C kernel packed_linear.c, rounding a float32 one to bfloat16 first if asked.
+int8 weight in panels for the C kernel packed_linear.c, rounding a float32 one to bfloat16 first if asked, and
+`pack_blocks` packs a float32 weight that is exactly 4- or 8-bit blocks (weight_blocks.py) as those blocks.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear, replayable
+from pagedllm.model.weight_blocks import pack_blocks
 
 
 class RMSNorm(nn.Module):
@@ -56,7 +58,8 @@ class MergedLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(sum(output_sizes)), requires_grad=False) if bias else None
         self.scales: Optional[torch.Tensor] = None  # per output row, once quantized to int8
         self.packed_weight: Optional[torch.Tensor] = None  # oneDNN layout, once packed for the CPU
-        self.panel_weight: Optional[torch.Tensor] = None  # [out / panel, in, panel], once packed in panels
+        # [out / panel, in, panel] once packed in panels; uint8 [out / panel, in / 32, block bytes] in blocks
+        self.panel_weight: Optional[torch.Tensor] = None
         self.lora: Any = None  # the LoRA slots' updates (pagedllm/lora/layers.py), once LoRA is enabled
 
     def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
@@ -90,6 +93,20 @@ class MergedLinear(nn.Module):
         self.weight = None
         return True
 
+    def pack_blocks(self) -> bool:
+        """Pack the float32 weight as 4- or 8-bit blocks for packed_linear.c, and drop the dense copy, where it
+        is exactly such blocks (a GGUF file's Q4_1 and Q8_0 tensors, dequantized): the kernel gives the same
+        outputs, bit for bit, as from float32 panels, from a fifth or a quarter of the bytes. False, and nothing
+        changes, where it is not, or where this build of the kernel has no block formats."""
+        kernel = load_packed_linear()
+        if kernel is None or kernel.blocks is None or self.scales is not None:
+            return False
+        blocks = pack_blocks(self.weight.data, kernel.panel)
+        if blocks is None:
+            return False
+        self.panel_weight, self.weight = blocks, None
+        return True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panel_weight is not None and self.bias is None:
             y = self._product(x)  # one C kernel call, which a CPU graph records as such
@@ -105,6 +122,8 @@ class MergedLinear(nn.Module):
             kernel = load_packed_linear()
             if self.scales is not None:
                 y = kernel.int8(rows, self.panel_weight, self.scales)
+            elif self.panel_weight.dtype == torch.uint8:
+                y = kernel.blocks(rows, self.panel_weight)
             elif self.panel_weight.dtype == torch.bfloat16:
                 y = kernel.bfloat16(rows, self.panel_weight)
             else:

@@ -1,0 +1,92 @@
+"""Weights that are exactly GGUF blocks (Q4_1: d * q + m, Q8_0: d * q) are packed as those blocks, and the panel
+kernel decodes them to the same float32 values: outputs bit for bit those of float32 panels, at any row count.
+Weights that are not exactly blocks stay float32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from pagedllm.model.cpu_kernels import load_packed_linear
+from pagedllm.model.layers import MergedLinear
+from pagedllm.model.weight_blocks import pack_blocks
+
+BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # per panel column of a block of 32 steps of k
+
+
+def _kernel():
+    kernel = load_packed_linear()
+    if kernel is None or kernel.blocks is None:
+        pytest.skip("this build of the panel kernel has no block formats (it needs AVX2 and F16C)")
+    return kernel
+
+
+def _gguf_weight(kind: str, out: int, k: int, seed: int = 0) -> torch.Tensor:
+    """A random float32 weight through a GGUF quantization and its dequantization (as the loader reads one)."""
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((out, k), dtype=np.float32) * 0.05
+    qtype = GGMLQuantizationType[kind]
+    return torch.from_numpy(np.array(dequantize(quantize(dense, qtype), qtype), dtype=np.float32))
+
+
+# Rows: one to six (decoded as the tile multiplies: up to 4 with AVX2, 6 with AVX-512), seven and 19 (each
+# panel decoded once, then one tile and several), more than one chunk of 256 rows.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 19, 300])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_blocks_equal_float32_panels_bit_for_bit(kind, rows):
+    kernel = _kernel()
+    weight = _gguf_weight(kind, 5 * kernel.panel, 160, seed=rows)
+    blocks = pack_blocks(weight, kernel.panel)
+    assert blocks is not None and blocks.dtype == torch.uint8
+    assert blocks.shape == (5, 160 // 32, BLOCK_BYTES[kind] * kernel.panel)
+    x = torch.randn(rows, 160)
+    got = kernel.blocks(x, blocks)
+    assert torch.equal(got.view(torch.int32), kernel.float32(x, kernel.pack(weight)).view(torch.int32))
+    torch.testing.assert_close(got, x @ weight.T, rtol=1e-5, atol=1e-4)
+
+
+def test_blocks_with_equal_weights_decode_exactly():
+    """A block whose weights are all equal (zero included) has no spread to derive d from: it takes d = 0."""
+    kernel = _kernel()
+    weight = _gguf_weight("Q4_1", kernel.panel, 96)
+    weight[:, 32:64] = 0.25
+    weight[3, :32] = 0.0
+    blocks = pack_blocks(weight, kernel.panel)
+    assert blocks is not None
+    x = torch.randn(2, 96)
+    assert torch.equal(kernel.blocks(x, blocks), kernel.float32(x, kernel.pack(weight)))
+
+
+def test_weights_that_are_not_exactly_blocks_stay_float32():
+    kernel = _kernel()
+    assert pack_blocks(torch.randn(kernel.panel, 64), kernel.panel) is None
+    weight = _gguf_weight("Q4_1", kernel.panel, 64)
+    weight[5, 40] = torch.nextafter(weight[5, 40], torch.tensor(1.0))  # one weight a float32 step off its block
+    assert pack_blocks(weight, kernel.panel) is None
+    assert pack_blocks(_gguf_weight("Q8_0", kernel.panel, 64)[:, :48], kernel.panel) is None  # not whole blocks
+    assert pack_blocks(_gguf_weight("Q8_0", kernel.panel + 8, 64), kernel.panel) is None  # not whole panels
+
+
+def test_a_layer_of_blocks_computes_as_its_float32_panels():
+    kernel = _kernel()
+    layer = MergedLinear(128, [kernel.panel, 2 * kernel.panel])
+    layer.weight.data.copy_(_gguf_weight("Q4_1", 3 * kernel.panel, 128))
+    reference = MergedLinear(128, [kernel.panel, 2 * kernel.panel])
+    reference.weight.data.copy_(layer.weight.data)
+    assert layer.pack_blocks() and layer.weight is None and layer.panel_weight.dtype == torch.uint8
+    assert reference.pack_panels()
+    x = torch.randn(3, 7, 128)
+    assert torch.equal(layer(x), reference(x))
+
+
+def test_the_default_model_streams_its_gguf_blocks(llm):
+    """Every linear layer of the default model (Q4_1 layers, a Q8_0 embedding as the tied LM head) is packed as
+    blocks, under a fifth of float32's bytes; the greedy tests against transformers run on them."""
+    panel = _kernel().panel
+    model = llm.llm_engine.model_executor.worker.model_runner.model
+    linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
+    assert linears and all(m.panel_weight is not None and m.panel_weight.dtype == torch.uint8 for m in linears)
+    weights = sum(m.panel_weight.shape[0] * panel * m.panel_weight.shape[1] * 32 for m in linears)
+    assert sum(m.panel_weight.numel() for m in linears) < 0.2 * 4 * weights
