@@ -97,6 +97,20 @@ def load_hf_model(device: str = "cpu") -> Any:
     return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
 
+def decode_weight_bytes(engine: Any) -> Optional[int]:
+    """Bytes of weights one decode step of an in-process engine's model reads: its linear layers and LM head as
+    the engine holds them (float32, bfloat16, int8 and its scales, or 4- and 8-bit blocks; an embedding lookup
+    reads one row). None where the model runs in another process."""
+    from pagedllm.model.layers import MergedLinear
+
+    worker = getattr(engine.model_executor, "worker", None)
+    if worker is None:
+        return None
+    tensors = [t for m in worker.model_runner.model.modules() if isinstance(m, MergedLinear)
+               for t in (m.panel_weight, m.packed_weight, m.weight, m.scales) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def run_in_child(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """target(*args) in a fresh process; its result dict gains that process's peak RSS."""
     ctx = multiprocessing.get_context("spawn")
