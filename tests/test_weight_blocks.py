@@ -11,6 +11,8 @@ from gguf.quants import dequantize, quantize
 
 from pagedllm.model.cpu_kernels import load_packed_linear
 from pagedllm.model.layers import MergedLinear
+from pagedllm.model.linear_backend import ENV_VAR
+from pagedllm.model.loader import _pack_for_cpu
 from pagedllm.model.weight_blocks import pack_blocks
 
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # per panel column of a block of 32 steps of k
@@ -90,3 +92,19 @@ def test_the_default_model_streams_its_gguf_blocks(llm):
     assert linears and all(m.panel_weight is not None and m.panel_weight.dtype == torch.uint8 for m in linears)
     weights = sum(m.panel_weight.shape[0] * panel * m.panel_weight.shape[1] * 32 for m in linears)
     assert sum(m.panel_weight.numel() for m in linears) < 0.2 * 4 * weights
+
+
+@pytest.mark.parametrize("backend", [None, "panels", "torch"])
+def test_the_loader_packs_blocks_unless_another_backend_is_named(backend, monkeypatch):
+    kernel = _kernel()
+    if backend is None:
+        monkeypatch.delenv(ENV_VAR, raising=False)
+    else:
+        monkeypatch.setenv(ENV_VAR, backend)
+    layer = MergedLinear(64, [kernel.panel])
+    layer.weight.data.copy_(_gguf_weight("Q8_0", kernel.panel, 64))
+    _pack_for_cpu([layer], bfloat16=False)
+    if backend == "torch":
+        assert layer.panel_weight is None and layer.weight is not None
+    else:
+        assert layer.panel_weight.dtype == torch.uint8

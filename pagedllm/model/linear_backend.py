@@ -12,7 +12,8 @@ For the shapes it cannot take (not whole panels), the others are timed on the fi
 model's own layer shapes (about a second), and the choice is cached on disk beside the compiled kernels,
 keyed by the CPU's model and flags, the torch version, the thread count, the kernel sources and the shapes.
 `PAGEDLLM_LINEAR_BACKEND=panels|onednn|torch` overrides the choice (onednn and torch give up batch
-invariance).
+invariance), for the weights that are exactly 4- or 8-bit blocks too (weight_blocks.py: the panel kernel
+takes them as blocks unless another backend is named).
 
 The candidates and their timing are in linear_timing.py. A layer keeps one layout, so each timed shape gets
 the candidate with the least time per token summed over three regimes: decode of one sequence (all of a call's
@@ -50,6 +51,11 @@ def choose_backends(shapes: Iterable[Shape]) -> dict[Shape, str]:
         return _overridden(override, shapes)
     invariant = {shape: "panels" for shape in shapes if "panels" in available(shape)}
     return {**invariant, **_measured([shape for shape in shapes if shape not in invariant])}
+
+
+def panels_unless_overridden() -> bool:
+    """Whether the panel kernel may run any layer: False where PAGEDLLM_LINEAR_BACKEND names another backend."""
+    return os.environ.get(ENV_VAR) in (None, "", "panels")
 
 
 def _measured(shapes: list[Shape]) -> dict[Shape, str]:

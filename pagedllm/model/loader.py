@@ -15,7 +15,7 @@ from pagedllm.model.bert import BertModel
 from pagedllm.model.classifiers import BertForSequenceClassification, LlamaForSequenceClassification
 from pagedllm.model.cpu_kernels import BF16_FLAGS, cpu_bf16_flags
 from pagedllm.model.layers import MergedLinear
-from pagedllm.model.linear_backend import choose_backends
+from pagedllm.model.linear_backend import choose_backends, panels_unless_overridden
 from pagedllm.model.linear_timing import pack
 from pagedllm.model.llama import LlamaForCausalLM
 from pagedllm.pooling.config import is_encoder
@@ -86,13 +86,14 @@ def _pack_for_cpu(linears: list[MergedLinear], bfloat16: bool) -> None:
     to bfloat16 where the model's dtype is bfloat16 (ModelConfig.activation_dtype), and float32 ones that are
     exactly 4- or 8-bit blocks (a GGUF file's), which it decodes as it streams them, to the same values, from a
     fifth or a quarter of the bytes (the fastest at decode by far, and as fast as float32 panels at prefill,
-    which decode each panel once); the other float32 weights take the backend measured fastest on this CPU for
-    their shape."""
+    which decode each panel once), unless PAGEDLLM_LINEAR_BACKEND names another backend; the other float32
+    weights take the backend measured fastest on this CPU for their shape."""
     for module in linears:
         if module.scales is not None:
             module.pack_panels()
+    blocks = panels_unless_overridden()
     float32 = [m for m in linears if m.scales is None
-               and not (m.pack_panels(bfloat16=True) if bfloat16 else m.pack_blocks())]
+               and not (m.pack_panels(bfloat16=True) if bfloat16 else blocks and m.pack_blocks())]
     if bfloat16 and float32:
         logger.warning("%d linear layers stay float32 under dtype=bfloat16: the panel kernel cannot take them (no "
                        "C compiler, or an output size that is not whole panels).", len(float32))
