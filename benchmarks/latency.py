@@ -8,6 +8,7 @@ against the machine's own limit measured in the same invocation.
         --engine-arg 'speculative_config={"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 4}'
                                             # speculative decoding against plain decoding, interleaved
     python benchmarks/latency.py --no-hf --engine-arg dtype=bfloat16 --baseline-engine-arg dtype=float32
+    python benchmarks/latency.py --no-hf --llama-cpp-python ~/llama-cpp/bin/python   # and llama.cpp, batch 1
 
 Each repeat runs its own prompt of the `latency` workload (so no prefix cache can help), after one
 warm-up request; the median over repeats is reported, with the transformers batch-1 figures of the same
@@ -36,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (add_engine_args, benchmark_device, decode_weight_bytes, default_model_flops,  # noqa: E402
                                load_hf_model, load_workload, machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
+from benchmarks.llama_cpp_baseline import run_llama_cpp  # noqa: E402
 from benchmarks.machine_limits import cpu_flags, measure_limits, stream_timer  # noqa: E402
 
 TARGET_TPOT_S = 0.020
@@ -62,12 +64,14 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engines: dict[str, d
     stream = stream_timer(stream_bytes, device, repeats=2) if stream_bytes else None
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     counts = {name: [0, 0] for name in engines}  # proposals verified, accepted
+    tokens: dict[str, list[list[int]]] = {name: [] for name in engines}  # each prompt's output (greedy: any run)
     for i, prompt in enumerate(prompts):
         fastest: dict[str, dict[str, float]] = {}
         for r in range(rounds):
             for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
                 rate_before = stream() if stream else 0.0
-                run = _request(llms[name], f"latency-{i}-{r}", prompt, params, output_len, counts[name])
+                run = _request(llms[name], f"latency-{i}-{r}", prompt, params, output_len, counts[name],
+                               tokens[name] if r == 0 else [])
                 if stream:
                     run["stream_bytes_per_s"] = max(rate_before, stream())
                 if name not in fastest or run["tpot_s"] < fastest[name]["tpot_s"]:
@@ -77,7 +81,7 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engines: dict[str, d
     results = {}
     for name, kwargs in engines.items():
         results[name] = {**_summary(runs[name][1:]), "startup_s": round(startup_s[name], 2), "engine_args": kwargs,
-                         "decode_weight_bytes": decode_weight_bytes(llms[name])}
+                         "decode_weight_bytes": decode_weight_bytes(llms[name]), "output_token_ids": tokens[name][1:]}
         spec, (verified, accepted) = kwargs.get("speculative_config"), counts[name]
         if spec and verified:  # accepted proposals over proposals verified (all runs)
             results[name]["acceptance_rate"] = round(accepted / (verified * spec["num_speculative_tokens"]), 3)
@@ -85,9 +89,9 @@ def run_pagedllm(prompts: list[list[int]], output_len: int, engines: dict[str, d
 
 
 def _request(engine: Any, request_id: str, prompt: list[int], params: Any, output_len: int,
-             counts: list[int]) -> dict[str, float]:
+             counts: list[int], outputs: list[list[int]]) -> dict[str, float]:
     """One request alone on the engine, timed; its speculative proposals verified and accepted are added to
-    counts."""
+    counts, and its output tokens to outputs."""
     from pagedllm import TokensPrompt
 
     engine.reset_prefix_cache()  # every run computes its prompt: a prompt runs once per round
@@ -102,6 +106,7 @@ def _request(engine: Any, request_id: str, prompt: list[int], params: Any, outpu
             if output.finished:
                 end = time.perf_counter()
                 num_tokens = len(output.outputs[0].token_ids)
+                outputs.append(list(output.outputs[0].token_ids))
                 spec = output.metrics.spec_token_acceptance_counts or [0]
                 counts[0], counts[1] = counts[0] + spec[0], counts[1] + sum(spec[1:])
     return _run(start, first, end, num_tokens, output_len)
@@ -164,6 +169,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                              "taking turns request by request, each its fastest of --rounds per prompt, and print "
                              "the ratios")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each prompt per engine with --baseline-engine-arg")
+    parser.add_argument("--llama-cpp-python", default=None, metavar="PATH",
+                        help="also run llama.cpp on the default model's GGUF file, batch 1, through llama-cpp-python "
+                             "installed for this interpreter (a separate environment), and print the ratios")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/latency-<time>.json)")
     args = parser.parse_args(argv)
 
@@ -225,6 +233,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
               f"TPOT {ratios['tpot']:.2f}x{acceptance}; its TPOT "
               f"{result['pagedllm_baseline']['tpot_vs_adjacent_stream_limit']:.2f}x the limit of its own weights at the "
               f"rate measured beside each request", flush=True)
+    if args.llama_cpp_python:
+        result.update(_llama_cpp_comparison(args.llama_cpp_python, prompts, output_len, ours))
     if not args.no_hf:
         theirs = run_in_child(run_transformers, prompts, output_len, device)
         print(f"transformers (batch 1): TTFT {theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms, "
@@ -236,6 +246,21 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
               f"TPOT {result['speedup_vs_transformers']['tpot']:.2f}x", flush=True)
     print(f"wrote {write_result(result, args.output, 'latency')}")
     return result
+
+
+def _llama_cpp_comparison(python: str, prompts: list[list[int]], output_len: int,
+                          ours: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's batch-1 figures on the same prompts, their ratios to ours, and how many leading tokens of each
+    output agree (llama.cpp rounds activations to 8 bits for its Q4_1 products; we compute in float32)."""
+    theirs = run_llama_cpp(python, prompts, output_len)
+    agree = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+             for x, y in zip(ours["output_token_ids"], theirs["output_token_ids"])]
+    speedup = {"ttft": round(theirs["ttft_s"] / ours["ttft_s"], 3), "tpot": round(theirs["tpot_s"] / ours["tpot_s"], 3)}
+    print(f"llama.cpp {theirs['llama_cpp_version']} (batch 1, {theirs['threads']} threads): TTFT "
+          f"{theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms; pagedllm against it: TTFT "
+          f"{speedup['ttft']:.2f}x, TPOT {speedup['tpot']:.2f}x faster; leading tokens in agreement per prompt: "
+          f"{agree} of {output_len}", flush=True)
+    return {"llama_cpp": theirs, "speedup_vs_llama_cpp": speedup, "llama_cpp_leading_tokens_agreeing": agree}
 
 
 def _run_engines(prompts: list[list[int]], output_len: int, engines: dict[str, dict[str, Any]], stream_bytes: int,
