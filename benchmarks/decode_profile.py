@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import load_workload, machine_info, token_prompts, write_result  # noqa: E402
 
 KERNEL_PARTS = {"paged_attention_rows": "attention", "packed_linear_f32": "linear", "packed_linear_i8": "linear",
+                "packed_linear_bf16": "linear", "packed_linear_blocks": "linear",
                 "add_rms_norm": "elementwise", "rope_and_cache": "elementwise", "silu_and_mul": "elementwise"}
 
 
