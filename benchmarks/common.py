@@ -111,6 +111,26 @@ def decode_weight_bytes(engine: Any) -> Optional[int]:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def run_baseline_script(python: str, script: str, job: dict[str, Any], env: dict[str, str], name: str,
+                        prefix: str) -> dict[str, Any]:
+    """The figures a baseline's child side (`script`, run by `python`, the interpreter of the baseline's own
+    environment, with `env`) prints as JSON after `prefix`, given `job` as a JSON file named by its one
+    argument; an error with the end of its stderr where it fails."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(job, f)
+    try:
+        done = subprocess.run([python, script, f.name], env=env, capture_output=True, text=True)
+    finally:
+        os.remove(f.name)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(prefix)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{name} under {python} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len(prefix):])
+
+
 def run_in_child(target: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """target(*args) in a fresh process; its result dict gains that process's peak RSS."""
     ctx = multiprocessing.get_context("spawn")

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -26,21 +24,13 @@ _RESULT_PREFIX = "LLAMA_CPP_RESULT "
 def run_llama_cpp(python: str, prompts: list[list[int]], output_len: int) -> dict[str, Any]:
     """llama.cpp's figures on these prompts (the first a warm-up), from a subprocess of `python` (an
     interpreter with llama-cpp-python installed)."""
+    from benchmarks.common import run_baseline_script
     from pagedllm.model.source import default_model_path
 
     job = {"model": default_model_path(), "prompts": prompts, "output_len": output_len,
            "threads": os.cpu_count() or 1}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # its own environment, not pagedllm's
-    try:
-        done = subprocess.run([python, os.path.abspath(__file__), f.name], env=env, capture_output=True, text=True)
-    finally:
-        os.remove(f.name)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"llama.cpp under {python} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len(_RESULT_PREFIX):])
+    return run_baseline_script(python, os.path.abspath(__file__), job, env, "llama.cpp", _RESULT_PREFIX)
 
 
 def main(job_path: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,8 @@ def run_vllm(python: str, prompts: list[list[int]], output_len: int, engine_kwar
              child_env: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """vLLM's figures on these prompts, from a subprocess of `python` (an interpreter with vLLM installed);
     `child_env` is set in that process only (LD_PRELOAD for vLLM's allocator and OpenMP, say)."""
+    from benchmarks.common import run_baseline_script
+
     folder = export_default_model()
     env = {**os.environ, **(child_env or {})}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -37,16 +38,7 @@ def run_vllm(python: str, prompts: list[list[int]], output_len: int, engine_kwar
     env.pop("PYTHONPATH", None)  # vLLM's own environment, not pagedllm's
     job = {"model": folder, "prompts": prompts, "output_len": output_len,
            "engine_kwargs": {"dtype": "float32", **engine_kwargs}}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(job, f)
-    try:
-        done = subprocess.run([python, os.path.abspath(__file__), f.name], env=env, capture_output=True, text=True)
-    finally:
-        os.remove(f.name)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(_RESULT_PREFIX)]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"vLLM under {python} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    result = json.loads(lines[-1][len(_RESULT_PREFIX):])
+    result = run_baseline_script(python, os.path.abspath(__file__), job, env, "vLLM", _RESULT_PREFIX)
     result["env"] = {k: env[k] for k in sorted(env) if k.startswith("VLLM_CPU") or k == "LD_PRELOAD"}
     return result
 
