@@ -424,7 +424,8 @@ int64_t block_formats(void) { return 1; }
     }
 
 /* rows (at most BLOCK_ROWS) of x times one panel of blocks into out's PANEL columns; each weight, decoded, is
- * added into each row's sum as tile_f32 adds it. */
+ * added into each row's sum as tile_f32 adds it, by an explicit multiply-add (written as a sum, -ffast-math let
+ * the compiler regroup the two steps a code byte holds, and the sums differed in their last bits). */
 #define ADD_TO_SUMS(k, j, w)                                                                               \
     {                                                                                                      \
         const vec weight = (w);                                                                            \
