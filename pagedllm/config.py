@@ -267,8 +267,7 @@ class EngineArgs(CompatArgs):
         max_model_len = _resolve_max_model_len(self.max_model_len, source.hf_config, source)
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
             raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}.")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization {self.quantization!r} is not supported; use None or 'int8'.")
+        _check_quantization(self.quantization, source.format, device, dtype)
         model_config = ModelConfig(
             model=self.model or source.name, path=source.path, format=source.format,
             hf_config=source.hf_config, dtype=dtype, activation_dtype=_activation_dtype(dtype, device, source.hf_config),
@@ -437,6 +436,24 @@ def _json_or_text(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _check_quantization(quantization: Optional[str], model_format: str, device: str, dtype: Any) -> None:
+    """None, 'int8' (weight-only, made at load), or vLLM's 'gguf': a GGUF file's Q4_1 and Q8_0 weights run as
+    their blocks, which pagedllm does on CPU in float32 (where it also does so unasked; the loader refuses a
+    model whose linear weights it cannot all stream so)."""
+    import torch
+
+    if quantization not in (None, "int8", "gguf"):
+        raise ValueError(f"quantization {quantization!r} is not supported; use None, 'int8' or 'gguf'.")
+    if quantization != "gguf":
+        return
+    if model_format != "gguf":
+        raise ValueError("quantization='gguf' needs a GGUF model file; this model is a Hugging Face folder.")
+    if device != "cpu" or dtype != torch.float32:
+        raise ValueError(f"quantization='gguf' runs a GGUF file's blocks on CPU in float32, not on device={device!r} "
+                         f"with dtype={str(dtype).replace('torch.', '')!r}; leave quantization unset to run the "
+                         "weights dequantized.")
 
 
 def _check_load_format(load_format: str, model_format: str) -> None:

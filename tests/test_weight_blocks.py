@@ -9,6 +9,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from pagedllm import LLM, EngineArgs
 from pagedllm.model.cpu_kernels import load_packed_linear
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.linear_backend import ENV_VAR
@@ -108,3 +109,23 @@ def test_the_loader_packs_blocks_unless_another_backend_is_named(backend, monkey
         assert layer.panel_weight is None and layer.weight is not None
     else:
         assert layer.panel_weight.dtype == torch.uint8
+
+
+def test_quantization_gguf_is_the_gguf_blocks_on_cpu_in_float32(default_model, tiny_model_dir):
+    """vLLM's quantization="gguf": accepted for a GGUF file on CPU in float32, where the blocks run anyway;
+    refused, naming the field, where they cannot."""
+    config = EngineArgs(model=default_model, quantization="gguf", device="cpu").create_engine_config()
+    assert config.model_config.quantization == "gguf"
+    with pytest.raises(ValueError, match="quantization='gguf' needs a GGUF model file"):
+        EngineArgs(model=tiny_model_dir, quantization="gguf", device="cpu").create_engine_config()
+    with pytest.raises(ValueError, match="quantization='gguf' runs .* not on device='cpu' with dtype='bfloat16'"):
+        EngineArgs(model=default_model, quantization="gguf", device="cpu", dtype="bfloat16").create_engine_config()
+    with pytest.raises(ValueError, match="quantization 'fp8' is not supported; use None, 'int8' or 'gguf'"):
+        EngineArgs(model=default_model, quantization="fp8").create_engine_config()
+
+
+@pytest.mark.slow
+def test_quantization_gguf_refuses_weights_it_cannot_stream_as_blocks(default_model, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "torch")
+    with pytest.raises(ValueError, match=r"quantization='gguf': 121 of the model's 121 linear weights are not"):
+        LLM(default_model, quantization="gguf", device="cpu")
