@@ -58,15 +58,21 @@ def _search(guess: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor],
     for bit: (d as float16, codes as float32), or None where some block has none. Blocks of equal weights take
     d = 0 (codes 0)."""
     first = guess.half()
-    d = torch.zeros_like(first)
-    codes = torch.zeros_like(blocks)
-    missing = torch.ones_like(first, dtype=torch.bool)
+    d, codes, missing = first, None, None
     bits = first.view(torch.int16)
     for step in _NEIGHBOURS:
         candidate = torch.where(first == 0, first, (bits + step).view(torch.float16))
-        safe = torch.where(candidate == 0, torch.ones_like(candidate), candidate).float()
-        q = torch.where(candidate[..., None] == 0, torch.zeros_like(blocks), encode(safe))
-        match = (decode(candidate.float(), q).view(torch.int32) == blocks.view(torch.int32)).all(-1) & missing
+        zero = candidate == 0
+        q = encode(candidate.masked_fill(zero, 1).float())
+        if zero.any():
+            q.masked_fill_(zero[..., None], 0)
+        match = (decode(candidate.float(), q).view(torch.int32) == blocks.view(torch.int32)).all(-1)
+        if missing is None:  # the first guess, which usually fits every block
+            if match.all():
+                return candidate, q
+            d, codes, missing = candidate, q, ~match
+            continue
+        match &= missing
         d = torch.where(match, candidate, d)
         codes = torch.where(match[..., None], q, codes)
         missing &= ~match
