@@ -351,50 +351,55 @@ void packed_linear_bf16(const float *x, const uint16_t *w, float *out, int64_t r
 #define BLOCK_ROWS (TILE_ROWS - 2)
 
 #if defined(__AVX512F__)
-typedef __m512i ivec;
-static inline __attribute__((always_inline)) vec load_f16(const uint16_t *p) {
-    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-}
-static inline __attribute__((always_inline)) ivec load_u8(const uint8_t *p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-}
-static inline __attribute__((always_inline)) ivec load_s8(const uint8_t *p) {
-    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
-}
-/* The low 4 bits of each lane as a float: a lookup in a table of 0 to 15, which reads only those bits (a
- * decode step's linears 0.93-0.95x the time of masking and converting, at one row on an AMD Zen 4). */
-static inline __attribute__((always_inline)) vec low_nibbles(ivec c) {
-    return (vec)_mm512_permutexvar_ps(c, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-}
-static inline __attribute__((always_inline)) vec high_nibbles(ivec c) {
-    return (vec)_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
-}
-static inline __attribute__((always_inline)) vec to_float(ivec c) { return (vec)_mm512_cvtepi32_ps(c); }
-static inline __attribute__((always_inline)) vec multiply_add(float a, vec w, vec sum) {
-    return (vec)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)w, (__m512)sum);
-}
+typedef __m512i ivec; /* VEC 32-bit integers */
 #else
 typedef __m256i ivec;
-static inline __attribute__((always_inline)) vec load_f16(const uint16_t *p) {
-    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-static inline __attribute__((always_inline)) ivec load_u8(const uint8_t *p) {
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-}
-static inline __attribute__((always_inline)) ivec load_s8(const uint8_t *p) {
-    return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
-}
-static inline __attribute__((always_inline)) vec low_nibbles(ivec c) {
-    return (vec)_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
-}
-static inline __attribute__((always_inline)) vec high_nibbles(ivec c) {
-    return (vec)_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
-}
-static inline __attribute__((always_inline)) vec to_float(ivec c) { return (vec)_mm256_cvtepi32_ps(c); }
-static inline __attribute__((always_inline)) vec multiply_add(float a, vec w, vec sum) {
-    return (vec)_mm256_fmadd_ps(_mm256_set1_ps(a), (__m256)w, (__m256)sum);
-}
 #endif
+
+static inline __attribute__((always_inline)) vec load_f16(const uint16_t *p) {
+#if defined(__AVX512F__)
+    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
+}
+
+/* VEC bytes, each widened to a 32-bit integer. */
+static inline __attribute__((always_inline)) ivec load_u8(const uint8_t *p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+#else
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#endif
+}
+
+/* The low 4 bits of each lane as a float. With AVX-512, a lookup in a table of 0 to 15, which reads only those
+ * bits (a decode step's linears 0.93-0.95x the time of masking and converting, at one row on an AMD Zen 4). */
+static inline __attribute__((always_inline)) vec low_nibbles(ivec c) {
+#if defined(__AVX512F__)
+    return (vec)_mm512_permutexvar_ps(c, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+#else
+    return (vec)_mm256_cvtepi32_ps(_mm256_and_si256(c, _mm256_set1_epi32(15)));
+#endif
+}
+
+/* Bits 4 to 7 of each lane (the rest are zero) as a float. */
+static inline __attribute__((always_inline)) vec high_nibbles(ivec c) {
+#if defined(__AVX512F__)
+    return (vec)_mm512_cvtepi32_ps(_mm512_srli_epi32(c, 4));
+#else
+    return (vec)_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4));
+#endif
+}
+
+/* sum + a * w, rounded once. */
+static inline __attribute__((always_inline)) vec multiply_add(float a, vec w, vec sum) {
+#if defined(__AVX512F__)
+    return (vec)_mm512_fmadd_ps(_mm512_set1_ps(a), (__m512)w, (__m512)sum);
+#else
+    return (vec)_mm256_fmadd_ps(_mm256_set1_ps(a), (__m256)w, (__m256)sum);
+#endif
+}
 
 int64_t block_formats(void) { return 1; }
 
@@ -416,11 +421,11 @@ int64_t block_formats(void) { return 1; }
 #define FOR_Q8_WEIGHTS(block, EMIT)                                                                        \
     {                                                                                                      \
         const uint16_t *scale = (const uint16_t *)(block);                                                 \
-        const uint8_t *codes = (const uint8_t *)(block) + 2 * PANEL;                                       \
+        const int8_t *codes = (const int8_t *)(block) + 2 * PANEL;                                         \
         vec d[PANEL_VECS];                                                                                 \
         for (int j = 0; j < PANEL_VECS; j++) d[j] = load_f16(scale + j * VEC);                             \
         for (int i = 0; i < BLOCK_K; i++)                                                                  \
-            for (int j = 0; j < PANEL_VECS; j++) EMIT(i, j, d[j] * to_float(load_s8(codes + i * PANEL + j * VEC))) \
+            for (int j = 0; j < PANEL_VECS; j++) EMIT(i, j, d[j] * load_i8(codes + i * PANEL + j * VEC))         \
     }
 
 /* rows (at most BLOCK_ROWS) of x times one panel of blocks into out's PANEL columns; each weight, decoded, is
