@@ -78,8 +78,8 @@ def test_a_layer_of_blocks_computes_as_its_float32_panels():
     layer.weight.data.copy_(_gguf_weight("Q4_1", 3 * kernel.panel, 128))
     reference = MergedLinear(128, [kernel.panel, 2 * kernel.panel])
     reference.weight.data.copy_(layer.weight.data)
-    assert layer.pack_blocks() and layer.weight is None and layer.panel_weight.dtype == torch.uint8
-    assert reference.pack_panels()
+    assert layer.pack_blocks() and layer.weight is None and layer.in_blocks
+    assert reference.pack_panels() and not reference.in_blocks
     x = torch.randn(3, 7, 128)
     assert torch.equal(layer(x), reference(x))
 
@@ -90,7 +90,7 @@ def test_the_default_model_streams_its_gguf_blocks(llm):
     panel = _kernel().panel
     model = llm.llm_engine.model_executor.worker.model_runner.model
     linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
-    assert linears and all(m.panel_weight is not None and m.panel_weight.dtype == torch.uint8 for m in linears)
+    assert linears and all(m.in_blocks for m in linears)
     weights = sum(m.panel_weight.shape[0] * panel * m.panel_weight.shape[1] * 32 for m in linears)
     assert sum(m.panel_weight.numel() for m in linears) < 0.2 * 4 * weights
 
@@ -106,9 +106,9 @@ def test_the_loader_packs_blocks_unless_another_backend_is_named(backend, monkey
     layer.weight.data.copy_(_gguf_weight("Q8_0", kernel.panel, 64))
     _pack_for_cpu([layer], bfloat16=False)
     if backend == "torch":
-        assert layer.panel_weight is None and layer.weight is not None
+        assert not layer.in_blocks and layer.panel_weight is None and layer.weight is not None
     else:
-        assert layer.panel_weight.dtype == torch.uint8
+        assert layer.in_blocks
 
 
 def test_quantization_gguf_is_the_gguf_blocks_on_cpu_in_float32(default_model, tiny_model_dir):

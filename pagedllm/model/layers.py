@@ -107,6 +107,11 @@ class MergedLinear(nn.Module):
         self.panel_weight, self.weight = blocks, None
         return True
 
+    @property
+    def in_blocks(self) -> bool:
+        """Whether the weight is packed as 4- or 8-bit blocks (pack_blocks)."""
+        return self.panel_weight is not None and self.panel_weight.dtype == torch.uint8
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panel_weight is not None and self.bias is None:
             y = self._product(x)  # one C kernel call, which a CPU graph records as such
@@ -122,7 +127,7 @@ class MergedLinear(nn.Module):
             kernel = load_packed_linear()
             if self.scales is not None:
                 y = kernel.int8(rows, self.panel_weight, self.scales)
-            elif self.panel_weight.dtype == torch.uint8:
+            elif self.in_blocks:
                 y = kernel.blocks(rows, self.panel_weight)
             elif self.panel_weight.dtype == torch.bfloat16:
                 y = kernel.bfloat16(rows, self.panel_weight)

@@ -79,7 +79,7 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
     if device == "cpu" and model_config.activation_dtype == torch.float32:
         _pack_for_cpu(linears, bfloat16=model_config.dtype == torch.bfloat16)
     if model_config.quantization == "gguf":
-        dense = sum(m.panel_weight is None or m.panel_weight.dtype != torch.uint8 for m in linears)
+        dense = sum(not m.in_blocks for m in linears)
         if dense:
             raise ValueError(f"quantization='gguf': {dense} of the model's {len(linears)} linear weights are not Q4_1 "
                              "or Q8_0 blocks that the CPU kernel streams (other GGUF types, no C compiler, a CPU "
