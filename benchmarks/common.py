@@ -97,6 +97,11 @@ def load_hf_model(device: str = "cpu") -> Any:
     return model.to(device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32).eval()
 
 
+def common_prefix_lengths(a: list[list[int]], b: list[list[int]]) -> list[int]:
+    """Per request, how many leading output tokens two runs' greedy outputs share."""
+    return [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y))) for x, y in zip(a, b)]
+
+
 def decode_weight_bytes(engine: Any) -> Optional[int]:
     """Bytes of weights one decode step of an in-process engine's model reads: its linear layers and LM head as
     the engine holds them (float32, bfloat16, int8 and its scales, or 4- and 8-bit blocks; an embedding lookup

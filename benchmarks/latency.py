@@ -34,9 +34,9 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (add_engine_args, benchmark_device, decode_weight_bytes, default_model_flops,  # noqa: E402
-                               load_hf_model, load_workload, machine_info, parse_engine_args, parse_pairs,
-                               run_in_child, token_prompts, write_result)
+from benchmarks.common import (add_engine_args, benchmark_device, common_prefix_lengths, decode_weight_bytes,  # noqa: E402
+                               default_model_flops, load_hf_model, load_workload, machine_info, parse_engine_args,
+                               parse_pairs, run_in_child, token_prompts, write_result)
 from benchmarks.llama_cpp_baseline import run_llama_cpp  # noqa: E402
 from benchmarks.machine_limits import cpu_flags, measure_limits, stream_timer  # noqa: E402
 
@@ -253,8 +253,7 @@ def _llama_cpp_comparison(python: str, prompts: list[list[int]], output_len: int
     """llama.cpp's batch-1 figures on the same prompts, their ratios to ours, and how many leading tokens of each
     output agree (llama.cpp rounds activations to 8 bits for its Q4_1 products; we compute in float32)."""
     theirs = run_llama_cpp(python, prompts, output_len)
-    agree = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
-             for x, y in zip(ours["output_token_ids"], theirs["output_token_ids"])]
+    agree = common_prefix_lengths(ours["output_token_ids"], theirs["output_token_ids"])
     speedup = {"ttft": round(theirs["ttft_s"] / ours["ttft_s"], 3), "tpot": round(theirs["tpot_s"] / ours["tpot_s"], 3)}
     print(f"llama.cpp {theirs['llama_cpp_version']} (batch 1, {theirs['threads']} threads): TTFT "
           f"{theirs['ttft_s'] * 1e3:.0f} ms, TPOT {theirs['tpot_s'] * 1e3:.1f} ms; pagedllm against it: TTFT "

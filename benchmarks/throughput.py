@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import (add_engine_args, benchmark_device, default_model_flops, load_hf_model, load_workload,  # noqa: E402
-                               machine_info, parse_engine_args, parse_pairs,
+from benchmarks.common import (add_engine_args, benchmark_device, common_prefix_lengths, default_model_flops,  # noqa: E402
+                               load_hf_model, load_workload, machine_info, parse_engine_args, parse_pairs,
                                run_in_child, token_prompts, write_result)
 from benchmarks.machine_limits import measure_limits  # noqa: E402
 from benchmarks.vllm_baseline import run_vllm  # noqa: E402
@@ -103,7 +103,7 @@ def _rates(num_requests: int, input_len: int, output_len: int, elapsed: float,
 def _agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
     """How far greedy outputs agree: identical requests, and the mean shared prefix."""
     same = sum(x == y for x, y in zip(a, b))
-    prefix = [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), len(x)) for x, y in zip(a, b)]
+    prefix = common_prefix_lengths(a, b)
     return {"identical_requests": same / len(a), "mean_common_prefix_tokens": sum(prefix) / len(prefix)}
 
 
