@@ -34,9 +34,10 @@ def _gguf_weight(kind: str, out: int, k: int, seed: int = 0) -> torch.Tensor:
     return torch.from_numpy(np.array(dequantize(quantize(dense, qtype), qtype), dtype=np.float32))
 
 
-# Rows: one to six (decoded as the tile multiplies: up to 4 with AVX2, 6 with AVX-512), seven and 19 (each
-# panel decoded once, then one tile and several), more than one chunk of 256 rows.
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 19, 300])
+# Rows: one to six (decoded as one tile multiplies: up to 4 with AVX2, 6 with AVX-512), seven and ten (two tiles
+# that each decode the panel with AVX-512; decoded once into a buffer with AVX2), 11 and 19 (each panel decoded
+# once, then several tiles), more than one chunk of 256 rows.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 10, 11, 19, 300])
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_blocks_equal_float32_panels_bit_for_bit(kind, rows):
     kernel = _kernel()
