@@ -106,8 +106,7 @@ def takes_raw_argmax(request: SamplingRequest, grammar_bitmasks: dict[str, torch
     params = request.sampling_params
     return (params.sampling_type == SamplingType.GREEDY and params.logprobs is None
             and not params.logits_processors and not params.logit_bias and params.allowed_token_ids is None
-            and params.presence_penalty == 0 and params.frequency_penalty == 0 and params.repetition_penalty == 1
-            and not params.bad_words_token_ids and not _min_tokens_banned(request)
+            and not _penalized(params) and not params.bad_words_token_ids and not _min_tokens_banned(request)
             and request.request_id not in grammar_bitmasks)
 
 
@@ -125,9 +124,13 @@ def _takes_prompt(processor: Callable[..., Any]) -> bool:
     return len(inspect.signature(processor).parameters) == 3
 
 
+def _penalized(params: SamplingParams) -> bool:
+    return params.presence_penalty != 0 or params.frequency_penalty != 0 or params.repetition_penalty != 1
+
+
 def _penalties(requests: list[SamplingRequest], vocab_size: int, device: torch.device) -> Optional[Penalties]:
     params = [r.sampling_params for r in requests]
-    if all(p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1 for p in params):
+    if not any(_penalized(p) for p in params):
         return None
 
     def padded(lists: list[list[int]]) -> torch.Tensor:
