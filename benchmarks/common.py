@@ -106,14 +106,10 @@ def decode_weight_bytes(engine: Any) -> Optional[int]:
     """Bytes of weights one decode step of an in-process engine's model reads: its linear layers and LM head as
     the engine holds them (float32, bfloat16, int8 and its scales, or 4- and 8-bit blocks; an embedding lookup
     reads one row). None where the model runs in another process."""
-    from pagedllm.model.layers import MergedLinear
+    from pagedllm.model.layers import linear_weight_bytes
 
     worker = getattr(engine.model_executor, "worker", None)
-    if worker is None:
-        return None
-    tensors = [t for m in worker.model_runner.model.modules() if isinstance(m, MergedLinear)
-               for t in (m.panel_weight, m.packed_weight, m.weight, m.scales) if t is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return None if worker is None else linear_weight_bytes(worker.model_runner.model)
 
 
 def run_baseline_script(python: str, script: str, job: dict[str, Any], env: dict[str, str], name: str,

@@ -112,6 +112,13 @@ class MergedLinear(nn.Module):
         """Whether the weight is packed as 4- or 8-bit blocks (pack_blocks)."""
         return self.panel_weight is not None and self.panel_weight.dtype == torch.uint8
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weight as held (dense, packed, in panels or blocks, int8 with its scales): what each
+        decode step reads of this layer."""
+        held = (self.panel_weight, self.packed_weight, self.weight, self.scales)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panel_weight is not None and self.bias is None:
             y = self._product(x)  # one C kernel call, which a CPU graph records as such
@@ -139,6 +146,12 @@ class MergedLinear(nn.Module):
             y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(x.dtype))
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias
+
+
+def linear_weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights a decode step of `model` reads from its linear layers and LM head (an embedding lookup
+    reads one row)."""
+    return sum(m.weight_bytes for m in model.modules() if isinstance(m, MergedLinear))
 
 
 class RotaryEmbedding(nn.Module):

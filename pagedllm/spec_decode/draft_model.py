@@ -19,20 +19,25 @@ does the same (the target's cache there holds only a shard).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Iterable, Optional
 
 import torch
+from torch import nn
 
 from pagedllm.config import EngineConfig, ModelConfig
 from pagedllm.distributed.partition import local_kv_cache_shape
 from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.attention import allocate_kv_cache
+from pagedllm.model.layers import linear_weight_bytes
 from pagedllm.model.loader import load_model
 from pagedllm.sample.sampler import row_max
 from pagedllm.spec_decode.proposer import DraftContext, Proposer
 from pagedllm.worker.batch import build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs, DecodeRow
 from pagedllm.worker.sleep import OffloadedWeights, release_free_memory
+
+logger = logging.getLogger(__name__)
 
 # A feed of at most this many new tokens runs as decode rows (the C decode kernel, CPU graphs); a longer one
 # (the prompt, after a prefill) as a prefill.
@@ -49,6 +54,17 @@ def draft_model_config(target: ModelConfig, config: EngineConfig) -> ModelConfig
     source = resolve_model_source(spec.model)
     return dataclasses.replace(target, model=spec.model, path=source.path, format=source.format,
                                hf_config=source.hf_config, quantization=spec.quantization)
+
+
+def warn_unless_cheaper(draft: nn.Module, target: nn.Module) -> None:
+    """Warns where the draft's weights take as many bytes as the target's or more: a decode step reads them all,
+    so each proposed token then costs about a target step, and speculation slows decoding down. The int8
+    self-draft of a GGUF file whose weights stream as 4-bit blocks is such a draft."""
+    draft_bytes, target_bytes = linear_weight_bytes(draft), linear_weight_bytes(target)
+    if draft_bytes >= target_bytes:
+        logger.warning("The draft model's weights take %.0f MB, the target's %.0f MB: each draft step reads at "
+                       "least as much as a target step, so speculative decoding with this draft is likely slower "
+                       "than plain decoding.", draft_bytes / 1e6, target_bytes / 1e6)
 
 
 class _Feed:

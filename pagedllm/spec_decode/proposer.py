@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
+from torch import nn
 
 from pagedllm.config import EngineConfig
 from pagedllm.worker.input_state import WorkerRequest
@@ -42,14 +43,17 @@ class Proposer(ABC):
         """Bring back what `release_weights` released."""
 
 
-def build_proposer(config: EngineConfig, device: torch.device, whole_target: bool) -> Proposer:
-    """`whole_target`: this worker holds all of the target's layers and KV heads (no parallelism), so a
-    self-draft can read and write the target's own KV cache."""
+def build_proposer(config: EngineConfig, device: torch.device, whole_target: Optional[nn.Module]) -> Proposer:
+    """`whole_target`: the target model where this worker holds all of its layers and KV heads (no parallelism),
+    so that a self-draft can read and write the target's own KV cache; else None."""
     spec = config.speculative_config
     if spec.method == "ngram":
         from pagedllm.spec_decode.ngram import NgramProposer
 
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    from pagedllm.spec_decode.draft_model import DraftModelProposer
+    from pagedllm.spec_decode.draft_model import DraftModelProposer, warn_unless_cheaper
 
-    return DraftModelProposer(config, device, share_target_cache=whole_target and spec.model is None)
+    proposer = DraftModelProposer(config, device, share_target_cache=whole_target is not None and spec.model is None)
+    if whole_target is not None:
+        warn_unless_cheaper(proposer.model, whole_target)
+    return proposer

@@ -58,7 +58,8 @@ class Worker:
             # Proposals need only token ids: the rank that samples proposes, with a whole draft model of its own.
             from pagedllm.spec_decode.proposer import build_proposer
 
-            self.model_runner.proposer = build_proposer(self.config, self.device, self.ranks.world_size == 1)
+            self.model_runner.proposer = build_proposer(self.config, self.device,
+                                                        model if self.ranks.world_size == 1 else None)
 
     def block_bytes(self) -> int:
         """Bytes of one KV cache block over this worker's layers and KV heads, keys and values."""

@@ -120,3 +120,21 @@ def test_guided_requests_speculate_and_decode_as_plain(request, config, llm):
     for output in outputs:
         counts = output.metrics.spec_token_acceptance_counts
         assert counts is not None and counts[1] > 0
+
+
+def test_a_draft_no_smaller_than_the_target_is_warned_of(int8_llm, tiny_model_dir, caplog):
+    """The default model's linears stream as 4-bit blocks, fewer bytes than their int8 copies: its int8 self-draft
+    draws the warning. A float32 model's int8 self-draft reads a quarter of its bytes and does not."""
+    from pagedllm.model.layers import linear_weight_bytes
+    from pagedllm.spec_decode.draft_model import warn_unless_cheaper
+
+    runner = int8_llm.llm_engine.model_executor.worker.model_runner
+    with caplog.at_level("WARNING", logger="pagedllm.spec_decode.draft_model"):
+        warn_unless_cheaper(runner.proposer.model, runner.model)
+    assert "likely slower than plain decoding" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pagedllm.spec_decode.draft_model"):
+        tiny_llm = LLM(tiny_model_dir, speculative_config=INT8)
+    tiny = tiny_llm.llm_engine.model_executor.worker.model_runner
+    assert 3 * linear_weight_bytes(tiny.proposer.model) < linear_weight_bytes(tiny.model)
+    assert "likely slower" not in caplog.text
