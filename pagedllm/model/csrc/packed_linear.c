@@ -343,9 +343,9 @@ void packed_linear_bf16(const float *x, const uint16_t *w, float *out, int64_t r
  * a float32 buffer that stays in the L2 cache and multiplied as a float32 panel.
  *
  * Summing each block as d * (x . q) + m * (sum of x) instead, llama.cpp's order, takes one multiply-add a weight
- * fewer: measured on an AMD Zen 4, the default model's linears took 0.89x the time at one row and 0.8x at 7 to 8,
- * but 1.08-1.15x at 32 to 128 rows, where the multiply-adds bound the step and each block adds its own. A
- * request's outputs must not depend on the rows beside it, so every row count would sum that way: decoding
+ * fewer: measured on an AMD Zen 4, the default model's linears took 0.89x the time at one row, 0.91x at two and
+ * 0.88x at six, but 1.08-1.15x at 32 to 128 rows, where the multiply-adds bound the step and each block adds its
+ * own. A request's outputs must not depend on the rows beside it, so every row count would sum that way: decoding
  * stays the float32 weights' sum. */
 #if defined(__AVX2__) && defined(__F16C__)
 #define BLOCK_K 32
