@@ -474,12 +474,22 @@ DEFINE_BLOCK_TILE(tile_q8, Q8_BLOCK_BYTES, FOR_Q8_WEIGHTS)
 DEFINE_DECODE_PANEL(decode_q4, Q4_BLOCK_BYTES, FOR_Q4_WEIGHTS)
 DEFINE_DECODE_PANEL(decode_q8, Q8_BLOCK_BYTES, FOR_Q8_WEIGHTS)
 
+/* One specialization per tile size (as FOR_ROWS), up to BLOCK_ROWS. */
 #define BLOCK_ROWS_CASE(TILE, n, ...) case n: TILE(__VA_ARGS__, n < BLOCK_ROWS ? n : BLOCK_ROWS); break;
+#define FOR_BLOCK_ROWS(TILE, rows, ...)       \
+    switch (rows) {                           \
+    BLOCK_ROWS_CASE(TILE, 1, __VA_ARGS__)     \
+    BLOCK_ROWS_CASE(TILE, 2, __VA_ARGS__)     \
+    BLOCK_ROWS_CASE(TILE, 3, __VA_ARGS__)     \
+    BLOCK_ROWS_CASE(TILE, 4, __VA_ARGS__)     \
+    BLOCK_ROWS_CASE(TILE, 5, __VA_ARGS__)     \
+    BLOCK_ROWS_CASE(TILE, 6, __VA_ARGS__)     \
+    }
 #define DEFINE_BLOCK_LINEAR(NAME, BLOCK_BYTES, TILE, DECODE)                                               \
     static void NAME(const float *x, const uint8_t *w, float *out, int64_t rows, int64_t n_out, int64_t k_in) { \
         const int64_t panels = n_out / PANEL, panel_bytes = k_in / BLOCK_K * (BLOCK_BYTES);                \
         const int64_t threads = omp_get_max_threads();                                                     \
-        /* Direct tiles as even as can be, sizes one apart (as panel_rows' tiles). */                      \
+        /* Direct tiles (rows <= DIRECT_ROWS: one chunk) as even as can be, sizes one apart, as panel_rows'. */ \
         const int64_t tiles = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS, small = rows / tiles, large = rows % tiles; \
         work_share *shares = panel_shares(rows, panels, threads);                                          \
         _Pragma("omp parallel") {                                                                          \
@@ -491,14 +501,8 @@ DEFINE_DECODE_PANEL(decode_q8, Q8_BLOCK_BYTES, FOR_Q8_WEIGHTS)
                     const uint8_t *panel = w + p * panel_bytes;                                            \
                     if (!decoded) {                                                                        \
                         for (int64_t m = 0, t = 0; t < tiles; m += small + (t < large), t++)               \
-                            switch (small + (t < large)) {                                                 \
-                                BLOCK_ROWS_CASE(TILE, 1, x + m * k_in, panel, out + m * n_out + p * PANEL, n_out, k_in) \
-                                BLOCK_ROWS_CASE(TILE, 2, x + m * k_in, panel, out + m * n_out + p * PANEL, n_out, k_in) \
-                                BLOCK_ROWS_CASE(TILE, 3, x + m * k_in, panel, out + m * n_out + p * PANEL, n_out, k_in) \
-                                BLOCK_ROWS_CASE(TILE, 4, x + m * k_in, panel, out + m * n_out + p * PANEL, n_out, k_in) \
-                                BLOCK_ROWS_CASE(TILE, 5, x + m * k_in, panel, out + m * n_out + p * PANEL, n_out, k_in) \
-                                BLOCK_ROWS_CASE(TILE, 6, x + m * k_in, panel, out + m * n_out + p * PANEL, n_out, k_in) \
-                            }                                                                              \
+                            FOR_BLOCK_ROWS(TILE, small + (t < large), x + m * k_in, panel,                 \
+                                           out + m * n_out + p * PANEL, n_out, k_in)                       \
                         continue;                                                                          \
                     }                                                                                      \
                     DECODE(panel, decoded, k_in);                                                          \
