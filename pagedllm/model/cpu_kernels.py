@@ -11,6 +11,9 @@ so that a step's calls can be recorded and replayed from C (plan.c, worker/cpu_g
   dominates at decode.
 - row_max.c: each logits row's maximum and its first index (the greedy token), several times faster than
   PyTorch's max over a dimension.
+- greedy_head.c: the greedy token of each row through the LM head from an int8 approximation of every logit
+  with a bound on its error, computing exactly only the vocabulary panels the bounds cannot rule out
+  (greedy_head.py); on CPUs with AVX512_VNNI.
 - packed_linear.c: linear layers over float32 or int8 weights packed in panels; faster than MKL at decode
   batch sizes, and PyTorch's own int8 matmul (`_weight_int8pack_mm`) measured 3.5 GFLOP/s on an AVX-512 CPU,
   40 times slower than its float32 matmul.
@@ -244,6 +247,9 @@ class PackedLinear(NamedTuple):
     bfloat16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (float32 x, packed bfloat16 weight)
     # (x, weight packed in 4- or 8-bit blocks by weight_blocks.py), or None where this build has no such kernel
     blocks: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+    # Address of packed_panel_row (one row times one panel, as the layer computes it; greedy_head.c calls it), or
+    # 0 in a benchmark's build of an older revision
+    panel_row: int
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """[out, in] -> [out / panel, in, panel], contiguous."""
@@ -284,8 +290,20 @@ def packed_linear(library: ctypes.CDLL) -> PackedLinear:
                 run_blocks(x, weight, out, x.shape[0], out.shape[1], x.shape[1], weight.shape[2])
                 return out
 
+    panel_row = getattr(library, "packed_panel_row", None)
     return PackedLinear(panel, functools.partial(run, run_float32), functools.partial(run, run_int8),
-                        functools.partial(run, run_bfloat16), blocks)
+                        functools.partial(run, run_bfloat16), blocks,
+                        ctypes.cast(panel_row, ctypes.c_void_p).value if panel_row is not None else 0)
+
+
+@functools.cache
+def load_greedy_head() -> Optional[Kernel]:
+    """greedy_head.c's kernel, or None where it cannot be built or this CPU has no AVX512_VNNI for it."""
+    library = _load("greedy_head.c", {})
+    if library is None:
+        return None
+    library.greedy_head_available.restype = ctypes.c_int64
+    return Kernel(library, "greedy_head") if library.greedy_head_available() else None
 
 
 def c_compiler() -> Optional[str]:

@@ -12,9 +12,11 @@ from pagedllm.distributed import SINGLE_PROCESS, IntermediateTensors, ParallelCo
 from pagedllm.distributed.partition import even_slice, head_dim, kv_head_slice, layer_slice
 from pagedllm.model.attention import AttentionMetadata, KVCache, paged_attention, store_rotated_kv
 from pagedllm.model.cpu_kernels import layer_ops_for
+from pagedllm.model.greedy_head import GreedyHead
 from pagedllm.model.layers import RMSNorm, RotaryEmbedding, RotaryPositions
 from pagedllm.model.parallel_layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                             parallel_lm_head)
+from pagedllm.sample.sampler import row_max
 
 
 def _rope_parameters(config: Any) -> dict:
@@ -110,6 +112,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = parallel_lm_head(config.vocab_size, config.hidden_size, tp)
             if self.tie_word_embeddings and self.embed_tokens is not None:
                 self.lm_head.weight = self.embed_tokens.weight
+        # Greedy tokens without every logit where the loader could build it (greedy_head.py): CPU, float32, one rank.
+        self.greedy_head: Optional[GreedyHead] = None
         self.requires_grad_(False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -155,6 +159,14 @@ class LlamaForCausalLM(nn.Module):
         if logits is None:
             return None
         return logits[:, :self.config.vocab_size].float().contiguous()
+
+    def greedy(self, hidden: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """hidden [N, hidden] -> each row's largest logit and its first index (the greedy token), [N] each, as
+        row_max gives them over compute_logits (None on the ranks where that is None)."""
+        if self.greedy_head is not None:
+            return self.greedy_head(hidden)
+        logits = self.compute_logits(hidden)
+        return None if logits is None else row_max(logits)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face-named tensors into this model, merging split projections; a shard takes its slice

@@ -14,6 +14,7 @@ from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
 from pagedllm.model.bert import BertModel
 from pagedllm.model.classifiers import BertForSequenceClassification, LlamaForSequenceClassification
 from pagedllm.model.cpu_kernels import BF16_FLAGS, cpu_bf16_flags
+from pagedllm.model.greedy_head import build_greedy_head
 from pagedllm.model.layers import MergedLinear
 from pagedllm.model.linear_backend import choose_backends, panels_unless_overridden
 from pagedllm.model.linear_timing import pack
@@ -77,7 +78,12 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
         for module in linears:
             module.quantize_int8()
     if device == "cpu" and model_config.activation_dtype == torch.float32:
+        # The LM head's float32 weight, which packing drops, for the greedy head built from it once packed.
+        head = model.lm_head if model.parallel.tp.size == 1 else None
+        head_weight = head.weight.data if head is not None and head.weight is not None else None
         _pack_for_cpu(linears, bfloat16=model_config.dtype == torch.bfloat16)
+        if head_weight is not None:
+            model.greedy_head = build_greedy_head(head_weight, head)
     if model_config.quantization == "gguf":
         dense = sum(not m.in_blocks for m in linears)
         if dense:

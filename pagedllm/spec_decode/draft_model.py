@@ -31,7 +31,6 @@ from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.model.attention import allocate_kv_cache
 from pagedllm.model.layers import linear_weight_bytes
 from pagedllm.model.loader import load_model
-from pagedllm.sample.sampler import row_max
 from pagedllm.spec_decode.proposer import DraftContext, Proposer
 from pagedllm.worker.batch import build_model_input
 from pagedllm.worker.cpu_graph import DecodeGraphs, DecodeRow
@@ -226,4 +225,4 @@ class DraftModelProposer(Proposer):
         return self.graphs.forward_rows(rows, self.block_size)
 
     def _greedy(self, hidden: torch.Tensor) -> list[int]:
-        return row_max(self.model.compute_logits(hidden))[1].tolist()
+        return self.model.greedy(hidden)[1].tolist()

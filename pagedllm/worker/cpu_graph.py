@@ -17,8 +17,8 @@ reruns from Python between runs of kernel calls. Any other PyTorch computation, 
 refused at capture, and the model then runs eagerly.
 
 A step whose rows all take the argmax of their logits (greedy, nothing for the sampler to apply) also replays
-the LM head and the argmax kernel after its graph (`DecodeGraphs.greedy`), so that it runs no PyTorch
-operator after the layers.
+the LM head and the argmax kernel after its graph, or the bounded greedy head that replaces both
+(`DecodeGraphs.greedy`, model/greedy_head.py), so that it runs no PyTorch operator after the layers.
 """
 from __future__ import annotations
 
@@ -32,7 +32,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pagedllm.model.attention import AttentionMetadata, KVCache
 from pagedllm.model.cpu_kernels import RecordedCall, TorchStep, in_torch_step, load_plan_runner, recording_calls
-from pagedllm.sample.sampler import row_max
 from pagedllm.worker.batch import ModelInput, cache_slot
 from pagedllm.worker.graph_arena import GraphArena
 from pagedllm.worker.graph_dispatch import graph_rows
@@ -161,7 +160,7 @@ class DecodeGraph:
         if self._greedy_steps is None:
             arena.restart()
             with recording_calls() as recording, _OnlyKernels(arena):
-                self._greedy_output = row_max(self.model.compute_logits(self._output))
+                self._greedy_output = self.model.greedy(self._output)
             self._greedy_steps = _steps(recording, self.run_plan)
         else:
             for step in self._greedy_steps:

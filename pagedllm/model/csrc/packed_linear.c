@@ -515,6 +515,16 @@ DEFINE_DECODE_PANEL(decode_q8, Q8_BLOCK_BYTES, FOR_Q8_WEIGHTS)
 DEFINE_BLOCK_LINEAR(block_linear_q4, Q4_BLOCK_BYTES, tile_q4, decode_q4)
 DEFINE_BLOCK_LINEAR(block_linear_q8, Q8_BLOCK_BYTES, tile_q8, decode_q8)
 
+/* One row x times panel p of a weight packed in blocks of block_bytes, into out's PANEL columns. */
+static void block_panel_row(const float *x, const uint8_t *w, int64_t p, int64_t k_in, int64_t block_bytes,
+                            float *out) {
+    const uint8_t *panel = w + p * (k_in / BLOCK_K) * block_bytes;
+    if (block_bytes == Q4_BLOCK_BYTES)
+        tile_q4(x, panel, out, PANEL, k_in, 1);
+    else
+        tile_q8(x, panel, out, PANEL, k_in, 1);
+}
+
 /* x [rows, k_in] times a weight [n_out, k_in] packed as [n_out / PANEL, k_in / BLOCK_K, block_bytes]: 4-bit
  * blocks where block_bytes is Q4_BLOCK_BYTES, else 8-bit ones. */
 void packed_linear_blocks(const float *x, const uint8_t *w, float *out, int64_t rows, int64_t n_out, int64_t k_in,
@@ -528,7 +538,23 @@ void packed_linear_blocks(const float *x, const uint8_t *w, float *out, int64_t 
                           int64_t block_bytes) {
     abort(); /* block_formats() says there are none: weight_blocks.py packs no weight so */
 }
+
+static void block_panel_row(const float *x, const uint8_t *w, int64_t p, int64_t k_in, int64_t block_bytes,
+                            float *out) {
+    abort();
+}
 #endif
+
+/* One row x times panel p of a weight packed in float32 panels (block_bytes 0) or in blocks (packed_linear_blocks'
+ * block_bytes), into out's PANEL columns: the values a call of the layer gives those columns, bit for bit, since
+ * each output is one sum over k in order whatever the rows and panels beside it. greedy_head.c computes the
+ * panels it cannot rule out so. */
+void packed_panel_row(const float *x, const void *w, int64_t p, int64_t k_in, int64_t block_bytes, float *out) {
+    if (block_bytes)
+        block_panel_row(x, w, p, k_in, block_bytes, out);
+    else
+        tile_f32(x, (const float *)w + p * PANEL * k_in, PANEL * k_in, 0, out, PANEL, k_in, 0, 0, 1, 1, 0);
+}
 
 void packed_linear_blocks_entry(const int64_t *args) {
     packed_linear_blocks(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, float *), args[3], args[4], args[5],

@@ -1,0 +1,261 @@
+/* The greedy token of each row of final hidden states, and its logit, without computing every logit in float32.
+ *
+ * At 64 decode rows of the default model, the LM head is 15% of a step, spent only to take each row's argmax.
+ * Here an int8 copy of the head (greedy_head.py) gives every logit approximately, four products per
+ * instruction (AVX512_VNNI), with a bound on the approximation's error that holds for that logit whatever the
+ * inputs; the panels of the vocabulary whose every logit is then certainly below another logit are skipped, and
+ * the others are computed by the layer's own kernel (packed_linear.c's packed_panel_row, passed in). The token
+ * and its logit are therefore those the full float32 product and row_max.c give, bit for bit, ties and batch
+ * invariance included.
+ *
+ * The bound, for row x and vocabulary row w (float32 logit v, summed as the layer sums it):
+ *   x is split in blocks of BLOCK and each block rounded to codes of one scale: x = x' + e.
+ *   w' is the int8 copy, a float16 scale per block: w = w' + f (f is zero for a GGUF Q8_0 head).
+ *   x . w - x' . w' = e . w + x' . f, so |x . w - x' . w'| <= sum over blocks |e_b| |w_b| + |x'| |f|.
+ *   The float32 sum v differs from x . w by at most 576 u |x| |w| (u = 2^-24), and the approximation as
+ *   computed from x' . w' by about 20 u |x'| |w'|: both lie within SLACK (|x| + |x'|) N, N >= |w|, |w'|.
+ * Every norm is stored rounded up and every computed one inflated (INFLATE), so rounding only widens the bound.
+ * A panel is kept where some logit's approximation plus its bound reaches the row's largest approximation minus
+ * bound: every logit outside the kept panels lies below that, which the row's largest logit reaches. On the
+ * default model's greedy rows, 2.7 panels of 1024 are kept on average (72 at most).
+ *
+ * A row holding NaN or infinity, or large enough that the bound could overflow, computes every panel, so it
+ * gives what row_max.c gives (the first NaN where there is one).
+ *
+ * Without VNNI there is no head (greedy_head_available): the same bound with AVX2's byte products, which add
+ * pairs into 16 bits and so take 7-bit codes of x (19 panels kept on average), measured level with the float32
+ * head at 64 rows (the AVX2 build on an AMD Zen 4), as its three instructions per four products cost about
+ * what the float32 multiply-adds do.
+ */
+#include <immintrin.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "entry.h"
+
+/* One row times one panel of a weight, as the layer computes it: packed_linear.c's packed_panel_row. */
+typedef void (*panel_row_fn)(const float *x, const void *w, int64_t panel, int64_t k_in, int64_t block_bytes,
+                             float *out);
+
+#define BLOCK 32    /* steps of k per scale of x and of the int8 weights */
+#define QUADS 8     /* groups of four steps of k per block: one 32-bit lane holds a column's four codes */
+#define INFLATE 1.001f /* a computed norm's worst rounding, with room to spare */
+#define SLACK 2e-4f    /* float32 rounding of the exact and approximate sums, per unit of |x| N (see above) */
+#define HUGE_BOUND 1e30f /* |x| N beyond this may overflow the bound: the row is computed in full */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define VEC 16
+#define TILE_ROWS 8 /* 8 x (codes' sum, logit, bound) in 24 of the 32 registers */
+#define X_LIMIT 127 /* x's codes lie in [-X_LIMIT, X_LIMIT] */
+typedef __m512i ivec;
+typedef __m512 fvec;
+#define FZERO _mm512_setzero_ps()
+#define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOAD_I16(p) _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOAD_I(p) _mm512_loadu_si512((const void *)(p))
+#define LOAD_F(p) _mm512_loadu_ps(p)
+#define SET_I(v) _mm512_set1_epi32(v)
+#define SET_F(v) _mm512_set1_ps(v)
+#define SUB_I(a, b) _mm512_sub_epi32(a, b)
+#define SHIFT_I(a, n) _mm512_slli_epi32(a, n)
+#define TO_F(a) _mm512_cvtepi32_ps(a)
+#define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define MUL(a, b) _mm512_mul_ps(a, b)
+#define ADD(a, b) _mm512_add_ps(a, b)
+#define SUB(a, b) _mm512_sub_ps(a, b)
+#define MAX(a, b) _mm512_max_ps(a, b)
+#define HMAX(a) _mm512_reduce_max_ps(a)
+/* Four products of unsigned and signed bytes added into each 32-bit lane. */
+#define DOT4(acc, x, w) _mm512_dpbusd_epi32(acc, x, w)
+#define X_OFFSET 128 /* x's codes are stored as unsigned bytes, code + X_OFFSET */
+#define X_SHIFT 7     /* log2(X_OFFSET) */
+
+int64_t greedy_head_available(void) { return 1; }
+
+/* A block of a panel of `columns` in the int8 copy: float16 scales, int16 sums of the codes, float16 norms of
+ * the float32 weights' block (rounded up), then per quad of steps of k each column's four codes. */
+#define BLOCK_BYTES(columns) ((columns) * (6 + BLOCK))
+
+/* A row's statistics after its codes: per block the scale of x's codes and the norm of their error, then the
+ * row's slack (SLACK (|x| + |x'|)), |x'| and whether it is computed whole. */
+#define STATS(blocks) (2 * (blocks) + 3)
+
+static inline int finite_bits(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    return (bits & 0x7f800000u) != 0x7f800000u;
+}
+
+static inline int nan_bits(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, 4);
+    return (bits & 0x7fffffffu) > 0x7f800000u;
+}
+
+/* One row of x as codes (unsigned, offset by X_OFFSET) and its statistics (STATS). */
+static void quantize_row(const float *x, int64_t k_in, float max_norm, uint8_t *codes, float *stats) {
+    const int64_t blocks = k_in / BLOCK;
+    float x_sq = 0, code_sq = 0;
+    int whole = 0;
+    for (int64_t i = 0; i < k_in; i++) whole |= !finite_bits(x[i]);
+    for (int64_t b = 0; b < blocks; b++) {
+        const float *xb = x + b * BLOCK;
+        float amax = 0;
+        for (int i = 0; i < BLOCK; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
+        const float scale = whole ? 0 : amax / X_LIMIT, inverse = scale > 0 ? X_LIMIT / amax : 0;
+        float error_sq = 0;
+        for (int i = 0; i < BLOCK; i++) {
+            float q = whole ? 0 : nearbyintf(xb[i] * inverse);
+            q = q > X_LIMIT ? X_LIMIT : q < -X_LIMIT ? -X_LIMIT : q;
+            const float rounded = scale * q, error = whole ? 0 : xb[i] - rounded;
+            codes[b * BLOCK + i] = (uint8_t)((int)q + X_OFFSET);
+            error_sq += error * error;
+            code_sq += rounded * rounded;
+            x_sq += whole ? 0 : xb[i] * xb[i];
+        }
+        stats[b] = scale;
+        stats[blocks + b] = sqrtf(error_sq) * INFLATE;
+    }
+    const float x_norm = sqrtf(x_sq) * INFLATE, code_norm = sqrtf(code_sq) * INFLATE;
+    whole |= !(x_norm * max_norm < HUGE_BOUND);
+    stats[2 * blocks] = SLACK * (x_norm + code_norm);
+    stats[2 * blocks + 1] = code_norm;
+    stats[2 * blocks + 2] = (float)whole;
+}
+
+/* For `rows` rows (at most TILE_ROWS, from `first`) and VEC columns (vector j) of one panel: the approximate
+ * logits and their bounds, folded into each row's running maxima of approximation plus bound (upper) and
+ * approximation minus bound (lower). */
+static inline __attribute__((always_inline)) void approximate_tile(
+    const uint8_t *panel, int64_t columns, int64_t j, int64_t blocks, const uint8_t *codes, const float *stats,
+    int64_t k_in, const float *norms, const float *weight_errors, fvec *upper, fvec *lower, const int rows) {
+    const int64_t stat_size = STATS(blocks);
+    fvec sums[TILE_ROWS], bounds[TILE_ROWS];
+    for (int r = 0; r < rows; r++) sums[r] = FZERO, bounds[r] = FZERO;
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = panel + b * BLOCK_BYTES(columns);
+        const fvec scale = LOAD_F16(block + 2 * j * VEC), norm = LOAD_F16(block + 4 * columns + 2 * j * VEC);
+        /* x's codes carry X_OFFSET: each sum starts at -X_OFFSET times the sum of the weights' codes. */
+        const ivec start = SUB_I(SET_I(0), SHIFT_I(LOAD_I16(block + 2 * columns + 2 * j * VEC), X_SHIFT));
+        ivec dots[TILE_ROWS];
+        for (int r = 0; r < rows; r++) dots[r] = start;
+        const uint8_t *w = block + 6 * columns + 4 * j * VEC;
+        for (int q = 0; q < QUADS; q++) {
+            const ivec weights = LOAD_I(w + q * 4 * columns);
+            for (int r = 0; r < rows; r++) {
+                int32_t four;
+                memcpy(&four, codes + r * k_in + b * BLOCK + 4 * q, 4);
+                dots[r] = DOT4(dots[r], SET_I(four), weights);
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const float *s = stats + r * stat_size;
+            sums[r] = FMA(TO_F(dots[r]), MUL(scale, SET_F(s[b])), sums[r]);
+            bounds[r] = FMA(norm, SET_F(s[blocks + b]), bounds[r]);
+        }
+    }
+    const fvec n = LOAD_F(norms + j * VEC), f = LOAD_F(weight_errors + j * VEC);
+    for (int r = 0; r < rows; r++) {
+        const float *s = stats + r * stat_size + 2 * blocks;
+        const fvec bound = FMA(SET_F(s[0]), n, FMA(SET_F(s[1]), f, MUL(bounds[r], SET_F(INFLATE))));
+        upper[r] = MAX(upper[r], ADD(sums[r], bound));
+        lower[r] = MAX(lower[r], SUB(sums[r], bound));
+    }
+}
+
+/* Rows [first, first + rows) of one panel: each row's upper and lower maxima over the panel's columns into
+ * bounds (row r's at r * 2 panels + 2 p). */
+static inline __attribute__((always_inline)) void approximate_panel(
+    const uint8_t *panel, int64_t p, int64_t panels, int64_t columns, int64_t blocks, const uint8_t *codes,
+    const float *stats, int64_t k_in, const float *norms, const float *weight_errors, float *bounds,
+    int64_t first, const int rows) {
+    fvec upper[TILE_ROWS], lower[TILE_ROWS];
+    for (int r = 0; r < rows; r++) upper[r] = SET_F(-FLT_MAX), lower[r] = SET_F(-FLT_MAX);
+    for (int64_t j = 0; j < columns / VEC; j++)
+        approximate_tile(panel, columns, j, blocks, codes + first * k_in, stats + first * STATS(blocks), k_in,
+                         norms + p * columns, weight_errors + p * columns, upper, lower, rows);
+    for (int r = 0; r < rows; r++) {
+        bounds[(first + r) * 2 * panels + 2 * p] = HMAX(upper[r]);
+        bounds[(first + r) * 2 * panels + 2 * p + 1] = HMAX(lower[r]);
+    }
+}
+
+#define TILE_CASE(n) \
+    case n: approximate_panel(panel, p, panels, columns, blocks, codes, stats, k_in, norms, weight_errors, bounds, first, n); break;
+
+/* The row's token and logit from the panels its bounds keep (every panel for a row computed whole). */
+static void pick(const float *x, const float *row_bounds, int whole, int64_t panels, int64_t columns,
+                 panel_row_fn panel_row, const void *exact, int64_t k_in, int64_t block_bytes, float *value,
+                 int64_t *index) {
+    float floor = -FLT_MAX, logits[columns];
+    for (int64_t p = 0; p < panels; p++) floor = row_bounds[2 * p + 1] > floor ? row_bounds[2 * p + 1] : floor;
+    float best = 0;
+    int64_t best_index = -1;
+    for (int64_t p = 0; p < panels; p++) {
+        if (!whole && row_bounds[2 * p] < floor)
+            continue;
+        panel_row(x, exact, p, k_in, block_bytes, logits);
+        for (int64_t c = 0; c < columns; c++) {
+            if (nan_bits(logits[c])) { /* row_max.c's answer for a row holding NaN: its first */
+                *value = logits[c], *index = p * columns + c;
+                return;
+            }
+            if (best_index < 0 || logits[c] > best)
+                best = logits[c], best_index = p * columns + c;
+        }
+    }
+    *value = best, *index = best_index;
+}
+
+/* Each row's greedy token (indices) and its logit (values) for x [rows, k_in] through a vocabulary of `panels`
+ * panels of `columns`: `approx` the int8 copy, `norms` and `weight_errors` [vocab] each column's N and |f|
+ * (rounded up), max_norm the largest N; `panel_row` computes a panel exactly from the layer's weight `exact`
+ * (block_bytes as packed_linear.c takes it). Scratch: codes [rows, k_in] bytes, stats [rows, STATS] and bounds
+ * [rows, 2 panels] floats. */
+void greedy_head(const float *x, const uint8_t *approx, const float *norms, const float *weight_errors,
+                 uint8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
+                 int64_t k_in, int64_t panels, int64_t columns, panel_row_fn panel_row, const void *exact,
+                 int64_t block_bytes, float max_norm) {
+    const int64_t blocks = k_in / BLOCK, panel_bytes = blocks * BLOCK_BYTES(columns);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            quantize_row(x + r * k_in, k_in, max_norm, codes + r * k_in, stats + r * STATS(blocks));
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t p = 0; p < panels; p++) {
+            const uint8_t *panel = approx + p * panel_bytes;
+            for (int64_t first = 0; first < rows; first += TILE_ROWS) {
+                switch (rows - first < TILE_ROWS ? rows - first : TILE_ROWS) {
+                    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4)
+                    TILE_CASE(5) TILE_CASE(6) TILE_CASE(7) TILE_CASE(8)
+                }
+            }
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t r = 0; r < rows; r++)
+            pick(x + r * k_in, bounds + r * 2 * panels, stats[r * STATS(blocks) + 2 * blocks + 2] != 0, panels,
+                 columns, panel_row, exact, k_in, block_bytes, values + r, indices + r);
+    }
+}
+
+#else
+int64_t greedy_head_available(void) { return 0; }
+
+void greedy_head(const float *x, const uint8_t *approx, const float *norms, const float *weight_errors,
+                 uint8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
+                 int64_t k_in, int64_t panels, int64_t columns, panel_row_fn panel_row, const void *exact,
+                 int64_t block_bytes, float max_norm) {
+    abort(); /* greedy_head_available() says there is none: greedy_head.py builds no head */
+}
+#endif
+
+void greedy_head_entry(const int64_t *args) {
+    greedy_head(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, const float *),
+                ARG(4, uint8_t *), ARG(5, float *), ARG(6, float *), ARG(7, float *), ARG(8, int64_t *), args[9],
+                args[10], args[11], args[12], ARG(13, panel_row_fn), ARG(14, const void *), args[15],
+                float_arg(args, 16));
+}
