@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch import nn
 
 from pagedllm.model.cpu_kernels import load_greedy_head, load_packed_linear
 from pagedllm.model.layers import MergedLinear
@@ -28,11 +29,16 @@ _CODES = 127  # the weights' codes, in [-127, 127]
 _FLOAT16_MAX = 65504.0
 
 
-class GreedyHead:
-    """Each row's largest logit and its first index for final hidden states, as row_max over the full logits."""
+class GreedyHead(nn.Module):
+    """Each row's largest logit and its first index for final hidden states, as row_max over the full logits. A
+    module of the model, so that sleep mode releases and restores its copy with the weights."""
 
     def __init__(self, head: MergedLinear, approx: torch.Tensor, norms: torch.Tensor, weight_errors: torch.Tensor):
-        self.head, self.approx, self.norms, self.weight_errors = head, approx, norms, weight_errors
+        super().__init__()
+        self.head = head
+        self.register_buffer("approx", approx, persistent=False)
+        self.register_buffer("norms", norms, persistent=False)
+        self.register_buffer("weight_errors", weight_errors, persistent=False)
         self.max_norm = float(norms.max())
         self.kernel = load_greedy_head()
         self.panel_row = load_packed_linear().panel_row
@@ -43,7 +49,7 @@ class GreedyHead:
         """Bytes the copy and its norms take beside the head."""
         return sum(t.numel() * t.element_size() for t in (self.approx, self.norms, self.weight_errors))
 
-    def __call__(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [rows, hidden] float32 -> (largest logit [rows], its first index [rows] long)."""
         rows, k = hidden.shape
         if rows < MIN_ROWS:

@@ -40,6 +40,8 @@ def test_level_1_releases_resident_memory_and_waking_restores_the_outputs(sleepy
     assert sleepy_llm.is_sleeping()
     # The weights' memory is released (a copy waits in a file), not merely marked unused.
     assert resident - asleep > 0.5 * saved > 50 * 2 ** 20, (resident, asleep, saved)
+    greedy_head = sleepy_llm.llm_engine.model_executor.worker.model_runner.model.greedy_head
+    assert greedy_head is None or greedy_head.approx.numel() == 0  # the bounded head's copy sleeps too
     with pytest.raises(RuntimeError, match="sleeping"):
         sleepy_llm.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     sleepy_llm.wake_up()
