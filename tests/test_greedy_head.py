@@ -12,7 +12,7 @@ from gguf.quants import dequantize, quantize
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.model.cpu_kernels import load_greedy_head, load_packed_linear
-from pagedllm.model.greedy_head import MIN_ROWS, build_greedy_head
+from pagedllm.model.greedy_head import build_greedy_head
 from pagedllm.model.layers import MergedLinear
 from pagedllm.sample.sampler import row_max
 
@@ -78,7 +78,7 @@ def test_panel_row_gives_the_layers_columns_bit_for_bit(kind):
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_1", "F32"])
-@pytest.mark.parametrize("rows", [MIN_ROWS, MIN_ROWS + 1, 61])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 61])
 def test_tokens_and_logits_are_row_maxs(kind, rows):
     linear = _kernels()
     weight = _weight(kind, 40 * linear.panel)
@@ -101,7 +101,7 @@ def test_ties_take_the_first_and_near_ties_are_computed_exactly():
             weight[twin, 9] = torch.nextafter(weight[first, 9], torch.tensor(1.0))
     head = _head(weight)
     greedy = build_greedy_head(weight, head)
-    hidden = torch.cat([weight[[first for first, _ in twins]] * 50, _hidden(MIN_ROWS)])
+    hidden = torch.cat([weight[[first for first, _ in twins]] * 50, _hidden(16)])
     _assert_as_row_max(head, greedy, hidden)
     assert greedy(hidden)[1][[0, 2]].tolist() == [twins[0][0], twins[2][0]]
 
@@ -111,7 +111,7 @@ def test_rows_with_nan_infinity_or_huge_values_are_computed_whole():
     weight = _weight("Q8_0", 12 * linear.panel)
     head = _head(weight)
     greedy = build_greedy_head(weight, head)
-    hidden = _hidden(MIN_ROWS)
+    hidden = _hidden(16)
     hidden[0, 5], hidden[1, 7], hidden[2] = float("nan"), float("inf"), 0.0
     hidden[3] *= 1e30
     _assert_as_row_max(head, greedy, hidden)  # NaN bits included

@@ -297,13 +297,15 @@ def packed_linear(library: ctypes.CDLL) -> PackedLinear:
 
 
 @functools.cache
-def load_greedy_head() -> Optional[Kernel]:
-    """greedy_head.c's kernel, or None where it cannot be built or this CPU has no AVX512_VNNI for it."""
+def load_greedy_head() -> Optional[tuple[Kernel, int]]:
+    """greedy_head.c's kernel and the panel width it reads (that of packed_linear.c's AVX-512 build), or None
+    where it cannot be built or this CPU has no AVX512_VNNI for it."""
     library = _load("greedy_head.c", {})
     if library is None:
         return None
-    library.greedy_head_available.restype = ctypes.c_int64
-    return Kernel(library, "greedy_head") if library.greedy_head_available() else None
+    library.greedy_head_columns.restype = ctypes.c_int64
+    columns = library.greedy_head_columns()
+    return (Kernel(library, "greedy_head"), columns) if columns else None
 
 
 def c_compiler() -> Optional[str]:

@@ -1,8 +1,8 @@
 """Greedy tokens through the LM head without computing every logit: an int8 copy of the head gives each logit
 approximately, with a bound on its error, and only the vocabulary panels the bounds cannot rule out are computed
 exactly, by the layer's own kernel (csrc/greedy_head.c explains the bound). The token and its logit are those of
-the full float32 product, bit for bit; on the default model at 64 greedy rows the head takes about a third of
-the time.
+the full float32 product, bit for bit; on the default model (AMD Zen 4) the head takes 0.41x the time at 64
+greedy rows and 0.54x at eight.
 
 The copy holds, per block of 32 weights of a vocabulary row, a float16 scale and int8 codes (for a GGUF Q8_0
 head, exactly its own blocks), with the norms the bound needs: per block of the float32 weight, and per row the
@@ -21,10 +21,6 @@ from pagedllm.model.layers import MergedLinear
 from pagedllm.sample.sampler import row_max
 
 BLOCK = 32  # weights of a row per scale, as csrc/greedy_head.c's BLOCK
-# Fewer rows take the full head and row_max: on an AMD Zen 4 the bounded head of the default model took 0.83x the
-# time at 8 rows, 0.67x at 16, 0.45x at 64 and 0.41x at 128, but 2.3x at one row and level at four, where the full
-# head streams its weights at the memory's rate and the copy is a little larger; over float32 panels 1.22x at 8.
-MIN_ROWS = 16
 _CODES = 127  # the weights' codes, in [-127, 127]
 _FLOAT16_MAX = 65504.0
 
@@ -40,7 +36,11 @@ class GreedyHead(nn.Module):
         self.register_buffer("norms", norms, persistent=False)
         self.register_buffer("weight_errors", weight_errors, persistent=False)
         self.max_norm = float(norms.max())
-        self.kernel = load_greedy_head()
+        # One row streams the weights and computes little: the full head is faster where its bytes are fewer (a
+        # Q8_0 head: 30 MB against the copy's 34, 1.05-1.07x the time on an AMD Zen 4; from two rows 0.94x, four
+        # 0.80x, eight 0.54x, 64 0.41x). A float32 head streams 113 MB: 0.35x at one row.
+        self.full_for_one_row = head.weight_bytes <= self.nbytes
+        self.kernel, _ = load_greedy_head()
         self.panel_row = load_packed_linear().panel_row
         self.block_bytes = head.panel_weight.shape[2] if head.in_blocks else 0
 
@@ -52,7 +52,7 @@ class GreedyHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [rows, hidden] float32 -> (largest logit [rows], its first index [rows] long)."""
         rows, k = hidden.shape
-        if rows < MIN_ROWS:
+        if rows == 1 and self.full_for_one_row:
             return row_max(self.head(hidden))
         hidden = hidden.contiguous()
         panels, blocks = self.approx.shape[0], self.approx.shape[1]
@@ -62,8 +62,7 @@ class GreedyHead(nn.Module):
         values = hidden.new_empty(rows)
         indices = torch.empty(rows, dtype=torch.long)
         self.kernel(hidden, self.approx, self.norms, self.weight_errors, codes, stats, bounds, values, indices, rows,
-                    k, panels, self.norms.shape[0] // panels, self.panel_row, self.head.panel_weight,
-                    self.block_bytes, self.max_norm)
+                    k, panels, self.panel_row, self.head.panel_weight, self.block_bytes, self.max_norm)
         return values, indices
 
 
@@ -72,8 +71,8 @@ def build_greedy_head(weight: torch.Tensor, head: MergedLinear) -> Optional[Gree
     loaded; None where the kernels cannot take it (see the module's docstring)."""
     kernel, linear = load_greedy_head(), load_packed_linear()
     packed = head.panel_weight
-    if (kernel is None or linear is None or not linear.panel_row or packed is None or head.bias is not None
-            or head.scales is not None or packed.dtype not in (torch.float32, torch.uint8)):
+    if (kernel is None or linear is None or not linear.panel_row or linear.panel != kernel[1] or packed is None
+            or head.bias is not None or head.scales is not None or packed.dtype not in (torch.float32, torch.uint8)):
         return None
     vocab, k = weight.shape
     if (weight.dtype != torch.float32 or vocab % linear.panel or k % BLOCK or vocab != packed.shape[0] * linear.panel

@@ -22,7 +22,7 @@
  * A row holding NaN or infinity, or large enough that the bound could overflow, computes every panel, so it
  * gives what row_max.c gives (the first NaN where there is one).
  *
- * Without VNNI there is no head (greedy_head_available): the same bound with AVX2's byte products, which add
+ * Without VNNI there is no head (greedy_head_columns is 0): the same bound with AVX2's byte products, which add
  * pairs into 16 bits and so take 7-bit codes of x (19 panels kept on average), measured level with the float32
  * head at 64 rows (the AVX2 build on an AMD Zen 4), as its three instructions per four products cost about
  * what the float32 multiply-adds do.
@@ -72,12 +72,16 @@ typedef __m512 fvec;
 #define DOT4(acc, x, w) _mm512_dpbusd_epi32(acc, x, w)
 #define X_OFFSET 128 /* x's codes are stored as unsigned bytes, code + X_OFFSET */
 #define X_SHIFT 7     /* log2(X_OFFSET) */
+#define PANEL_VECS 3  /* vectors per panel: packed_linear.c's panels of 48 columns, whose exact sums pick takes */
+#define COLUMNS (PANEL_VECS * VEC)
+/* Bytes ahead that each block prefetches of the copy, which streams from memory (packed_linear.c's distance). */
+#define PREFETCH_BYTES 8192
 
-int64_t greedy_head_available(void) { return 1; }
+int64_t greedy_head_columns(void) { return COLUMNS; }
 
-/* A block of a panel of `columns` in the int8 copy: float16 scales, int16 sums of the codes, float16 norms of
+/* A block of a panel in the int8 copy: float16 scales, int16 sums of the codes, float16 norms of
  * the float32 weights' block (rounded up), then per quad of steps of k each column's four codes. */
-#define BLOCK_BYTES(columns) ((columns) * (6 + BLOCK))
+#define BLOCK_BYTES (COLUMNS * (6 + BLOCK))
 
 /* A row's statistics after its codes: per block the scale of x's codes and the norm of their error, then the
  * row's slack (SLACK (|x| + |x'|)), |x'| and whether it is computed whole. */
@@ -126,57 +130,77 @@ static void quantize_row(const float *x, int64_t k_in, float max_norm, uint8_t *
     stats[2 * blocks + 2] = (float)whole;
 }
 
-/* For `rows` rows (at most TILE_ROWS, from `first`) and VEC columns (vector j) of one panel: the approximate
- * logits and their bounds, folded into each row's running maxima of approximation plus bound (upper) and
- * approximation minus bound (lower). */
+/* For `rows` rows and `vecs` vectors of VEC columns of one panel, from vector j (rows * vecs at most TILE_ROWS):
+ * the approximate logits and their bounds, folded into each row's running maxima of approximation plus bound
+ * (upper) and approximation minus bound (lower). Each block also prefetches the bytes PREFETCH_BYTES after it,
+ * where `prefetch` is set. */
 static inline __attribute__((always_inline)) void approximate_tile(
-    const uint8_t *panel, int64_t columns, int64_t j, int64_t blocks, const uint8_t *codes, const float *stats,
-    int64_t k_in, const float *norms, const float *weight_errors, fvec *upper, fvec *lower, const int rows) {
+    const uint8_t *panel, int64_t j, int64_t blocks, const uint8_t *codes, const float *stats, int64_t k_in,
+    const float *norms, const float *weight_errors, fvec *upper, fvec *lower, int prefetch, const int rows,
+    const int vecs) {
     const int64_t stat_size = STATS(blocks);
-    fvec sums[TILE_ROWS], bounds[TILE_ROWS];
-    for (int r = 0; r < rows; r++) sums[r] = FZERO, bounds[r] = FZERO;
+    fvec sums[TILE_ROWS], bounds[TILE_ROWS]; /* [r * vecs + v] */
+    for (int i = 0; i < rows * vecs; i++) sums[i] = FZERO, bounds[i] = FZERO;
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *block = panel + b * BLOCK_BYTES(columns);
-        const fvec scale = LOAD_F16(block + 2 * j * VEC), norm = LOAD_F16(block + 4 * columns + 2 * j * VEC);
-        /* x's codes carry X_OFFSET: each sum starts at -X_OFFSET times the sum of the weights' codes. */
-        const ivec start = SUB_I(SET_I(0), SHIFT_I(LOAD_I16(block + 2 * columns + 2 * j * VEC), X_SHIFT));
-        ivec dots[TILE_ROWS];
-        for (int r = 0; r < rows; r++) dots[r] = start;
-        const uint8_t *w = block + 6 * columns + 4 * j * VEC;
+        const uint8_t *block = panel + b * BLOCK_BYTES;
+        if (prefetch)
+            for (int line = 0; line < BLOCK_BYTES; line += 64) __builtin_prefetch(block + PREFETCH_BYTES + line, 0, 1);
+        fvec scale[PANEL_VECS], norm[PANEL_VECS];
+        ivec start[PANEL_VECS], dots[TILE_ROWS];
+        for (int v = 0; v < vecs; v++) {
+            scale[v] = LOAD_F16(block + 2 * (j + v) * VEC);
+            norm[v] = LOAD_F16(block + 4 * COLUMNS + 2 * (j + v) * VEC);
+            /* x's codes carry X_OFFSET: each sum starts at -X_OFFSET times the sum of the weights' codes. */
+            start[v] = SUB_I(SET_I(0), SHIFT_I(LOAD_I16(block + 2 * COLUMNS + 2 * (j + v) * VEC), X_SHIFT));
+        }
+        for (int r = 0; r < rows; r++)
+            for (int v = 0; v < vecs; v++) dots[r * vecs + v] = start[v];
+        const uint8_t *w = block + 6 * COLUMNS + 4 * j * VEC;
         for (int q = 0; q < QUADS; q++) {
-            const ivec weights = LOAD_I(w + q * 4 * columns);
+            ivec weights[PANEL_VECS];
+            for (int v = 0; v < vecs; v++) weights[v] = LOAD_I(w + q * 4 * COLUMNS + 4 * v * VEC);
             for (int r = 0; r < rows; r++) {
                 int32_t four;
                 memcpy(&four, codes + r * k_in + b * BLOCK + 4 * q, 4);
-                dots[r] = DOT4(dots[r], SET_I(four), weights);
+                const ivec x = SET_I(four);
+                for (int v = 0; v < vecs; v++) dots[r * vecs + v] = DOT4(dots[r * vecs + v], x, weights[v]);
             }
         }
         for (int r = 0; r < rows; r++) {
-            const float *s = stats + r * stat_size;
-            sums[r] = FMA(TO_F(dots[r]), MUL(scale, SET_F(s[b])), sums[r]);
-            bounds[r] = FMA(norm, SET_F(s[blocks + b]), bounds[r]);
+            const fvec x_scale = SET_F(stats[r * stat_size + b]), x_error = SET_F(stats[r * stat_size + blocks + b]);
+            for (int v = 0; v < vecs; v++) {
+                sums[r * vecs + v] = FMA(TO_F(dots[r * vecs + v]), MUL(scale[v], x_scale), sums[r * vecs + v]);
+                bounds[r * vecs + v] = FMA(norm[v], x_error, bounds[r * vecs + v]);
+            }
         }
     }
-    const fvec n = LOAD_F(norms + j * VEC), f = LOAD_F(weight_errors + j * VEC);
     for (int r = 0; r < rows; r++) {
         const float *s = stats + r * stat_size + 2 * blocks;
-        const fvec bound = FMA(SET_F(s[0]), n, FMA(SET_F(s[1]), f, MUL(bounds[r], SET_F(INFLATE))));
-        upper[r] = MAX(upper[r], ADD(sums[r], bound));
-        lower[r] = MAX(lower[r], SUB(sums[r], bound));
+        for (int v = 0; v < vecs; v++) {
+            const fvec n = LOAD_F(norms + (j + v) * VEC), f = LOAD_F(weight_errors + (j + v) * VEC);
+            const fvec bound = FMA(SET_F(s[0]), n, FMA(SET_F(s[1]), f, MUL(bounds[r * vecs + v], SET_F(INFLATE))));
+            upper[r] = MAX(upper[r], ADD(sums[r * vecs + v], bound));
+            lower[r] = MAX(lower[r], SUB(sums[r * vecs + v], bound));
+        }
     }
 }
 
-/* Rows [first, first + rows) of one panel: each row's upper and lower maxima over the panel's columns into
- * bounds (row r's at r * 2 panels + 2 p). */
+/* Rows [first, first + rows) of panel p: each row's upper and lower maxima over the panel's columns into bounds
+ * (row r's at r * 2 panels + 2 p). Three rows or more take the panel's vectors one at a time; one or two take
+ * them all at once, so that enough sums are in flight (and one prefetch covers the panel). */
 static inline __attribute__((always_inline)) void approximate_panel(
-    const uint8_t *panel, int64_t p, int64_t panels, int64_t columns, int64_t blocks, const uint8_t *codes,
-    const float *stats, int64_t k_in, const float *norms, const float *weight_errors, float *bounds,
-    int64_t first, const int rows) {
+    const uint8_t *panel, int64_t p, int64_t panels, int64_t blocks, const uint8_t *codes, const float *stats,
+    int64_t k_in, const float *norms, const float *weight_errors, float *bounds, int64_t first, const int rows) {
     fvec upper[TILE_ROWS], lower[TILE_ROWS];
     for (int r = 0; r < rows; r++) upper[r] = SET_F(-FLT_MAX), lower[r] = SET_F(-FLT_MAX);
-    for (int64_t j = 0; j < columns / VEC; j++)
-        approximate_tile(panel, columns, j, blocks, codes + first * k_in, stats + first * STATS(blocks), k_in,
-                         norms + p * columns, weight_errors + p * columns, upper, lower, rows);
+    codes += first * k_in, stats += first * STATS(blocks), norms += p * COLUMNS, weight_errors += p * COLUMNS;
+    if (rows <= 2)
+        approximate_tile(panel, 0, blocks, codes, stats, k_in, norms, weight_errors, upper, lower, first == 0, rows,
+                         PANEL_VECS);
+    else
+        for (int64_t j = 0; j < PANEL_VECS; j++)
+            approximate_tile(panel, j, blocks, codes, stats, k_in, norms, weight_errors, upper, lower,
+                             first == 0 && j == 0, rows, 1);
     for (int r = 0; r < rows; r++) {
         bounds[(first + r) * 2 * panels + 2 * p] = HMAX(upper[r]);
         bounds[(first + r) * 2 * panels + 2 * p + 1] = HMAX(lower[r]);
@@ -184,13 +208,12 @@ static inline __attribute__((always_inline)) void approximate_panel(
 }
 
 #define TILE_CASE(n) \
-    case n: approximate_panel(panel, p, panels, columns, blocks, codes, stats, k_in, norms, weight_errors, bounds, first, n); break;
+    case n: approximate_panel(panel, p, panels, blocks, codes, stats, k_in, norms, weight_errors, bounds, first, n); break;
 
 /* The row's token and logit from the panels its bounds keep (every panel for a row computed whole). */
-static void pick(const float *x, const float *row_bounds, int whole, int64_t panels, int64_t columns,
-                 panel_row_fn panel_row, const void *exact, int64_t k_in, int64_t block_bytes, float *value,
-                 int64_t *index) {
-    float floor = -FLT_MAX, logits[columns];
+static void pick(const float *x, const float *row_bounds, int whole, int64_t panels, panel_row_fn panel_row,
+                 const void *exact, int64_t k_in, int64_t block_bytes, float *value, int64_t *index) {
+    float floor = -FLT_MAX, logits[COLUMNS];
     for (int64_t p = 0; p < panels; p++) floor = row_bounds[2 * p + 1] > floor ? row_bounds[2 * p + 1] : floor;
     float best = 0;
     int64_t best_index = -1;
@@ -198,28 +221,28 @@ static void pick(const float *x, const float *row_bounds, int whole, int64_t pan
         if (!whole && row_bounds[2 * p] < floor)
             continue;
         panel_row(x, exact, p, k_in, block_bytes, logits);
-        for (int64_t c = 0; c < columns; c++) {
+        for (int64_t c = 0; c < COLUMNS; c++) {
             if (nan_bits(logits[c])) { /* row_max.c's answer for a row holding NaN: its first */
-                *value = logits[c], *index = p * columns + c;
+                *value = logits[c], *index = p * COLUMNS + c;
                 return;
             }
             if (best_index < 0 || logits[c] > best)
-                best = logits[c], best_index = p * columns + c;
+                best = logits[c], best_index = p * COLUMNS + c;
         }
     }
     *value = best, *index = best_index;
 }
 
 /* Each row's greedy token (indices) and its logit (values) for x [rows, k_in] through a vocabulary of `panels`
- * panels of `columns`: `approx` the int8 copy, `norms` and `weight_errors` [vocab] each column's N and |f|
+ * panels of COLUMNS: `approx` the int8 copy, `norms` and `weight_errors` [vocab] each column's N and |f|
  * (rounded up), max_norm the largest N; `panel_row` computes a panel exactly from the layer's weight `exact`
  * (block_bytes as packed_linear.c takes it). Scratch: codes [rows, k_in] bytes, stats [rows, STATS] and bounds
  * [rows, 2 panels] floats. */
 void greedy_head(const float *x, const uint8_t *approx, const float *norms, const float *weight_errors,
                  uint8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
-                 int64_t k_in, int64_t panels, int64_t columns, panel_row_fn panel_row, const void *exact,
-                 int64_t block_bytes, float max_norm) {
-    const int64_t blocks = k_in / BLOCK, panel_bytes = blocks * BLOCK_BYTES(columns);
+                 int64_t k_in, int64_t panels, panel_row_fn panel_row, const void *exact, int64_t block_bytes,
+                 float max_norm) {
+    const int64_t blocks = k_in / BLOCK, panel_bytes = blocks * BLOCK_BYTES;
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
@@ -238,24 +261,23 @@ void greedy_head(const float *x, const uint8_t *approx, const float *norms, cons
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < rows; r++)
             pick(x + r * k_in, bounds + r * 2 * panels, stats[r * STATS(blocks) + 2 * blocks + 2] != 0, panels,
-                 columns, panel_row, exact, k_in, block_bytes, values + r, indices + r);
+                 panel_row, exact, k_in, block_bytes, values + r, indices + r);
     }
 }
 
 #else
-int64_t greedy_head_available(void) { return 0; }
+int64_t greedy_head_columns(void) { return 0; }
 
 void greedy_head(const float *x, const uint8_t *approx, const float *norms, const float *weight_errors,
                  uint8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
-                 int64_t k_in, int64_t panels, int64_t columns, panel_row_fn panel_row, const void *exact,
-                 int64_t block_bytes, float max_norm) {
-    abort(); /* greedy_head_available() says there is none: greedy_head.py builds no head */
+                 int64_t k_in, int64_t panels, panel_row_fn panel_row, const void *exact, int64_t block_bytes,
+                 float max_norm) {
+    abort(); /* greedy_head_columns() says there is none: greedy_head.py builds no head */
 }
 #endif
 
 void greedy_head_entry(const int64_t *args) {
     greedy_head(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, const float *),
                 ARG(4, uint8_t *), ARG(5, float *), ARG(6, float *), ARG(7, float *), ARG(8, int64_t *), args[9],
-                args[10], args[11], args[12], ARG(13, panel_row_fn), ARG(14, const void *), args[15],
-                float_arg(args, 16));
+                args[10], args[11], ARG(12, panel_row_fn), ARG(13, const void *), args[14], float_arg(args, 15));
 }
