@@ -153,10 +153,15 @@ class ModelRunner:
         sampling = [batch.requests[i] for i in batch.sample_rows]
         failed = self._make_generators(sampling)
         verifying = any(request.spec_token_ids for request in sampling)
-        out = self._sample_in_graph(graphs, batch, sampling, grammar_bitmasks)
-        if out is not None and verifying:
-            sampled = verify_greedy(out.token_ids.tolist(), sampling)
-            return ModelRunnerOutput(sampled, {}, prompt_logprobs, forward_ms, failed=failed)
+        out = None
+        if sampling and all(takes_raw_argmax(request, grammar_bitmasks) for request in sampling):
+            greedy = self._greedy(graphs, batch, hidden)
+            if greedy is None:  # a rank of the last stage other than the output rank
+                return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
+            out = SamplerOutput(greedy[1], None, None, None, greedy[0], {})
+            if verifying:
+                sampled = verify_greedy(out.token_ids.tolist(), sampling)
+                return ModelRunnerOutput(sampled, {}, prompt_logprobs, forward_ms, failed=failed)
         if out is None:
             # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
             logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
@@ -182,21 +187,18 @@ class ModelRunner:
         sampled = {r.request_id: [t] for r, t in zip(sampling, tokens) if r.request_id not in failed}
         return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
 
-    @staticmethod
-    def _sample_in_graph(graphs: Optional[DecodeGraphs | CudaDecodeGraphs], batch: ModelInput,
-                         sampling: list[WorkerRequest], grammar_bitmasks: dict) -> Optional[SamplerOutput]:
-        """The argmax of every row of the step from the CPU graph that ran it, if one did, which replays the LM
-        head and the argmax kernel after it (DecodeGraphs.greedy), where every row is sampled (a decode, or a
-        verified position) and takes the argmax of its logits as they come (takes_raw_argmax); else None."""
-        if not isinstance(graphs, DecodeGraphs) or batch.sample_token_indices.shape[0] != batch.input_ids.shape[0]:
-            return None
-        if not all(takes_raw_argmax(request, grammar_bitmasks) for request in sampling):
-            return None
-        greedy = graphs.greedy()
-        if greedy is None:
-            return None
-        maxima, tokens = greedy
-        return SamplerOutput(tokens, None, None, None, maxima, {})
+    def _greedy(self, graphs: Optional[DecodeGraphs | CudaDecodeGraphs], batch: ModelInput,
+                hidden: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Each sampled row's largest logit and greedy token, for a step whose rows all take the argmax of their
+        logits as they come (takes_raw_argmax): from the CPU graph that ran the step where it did and every row
+        is sampled (a decode, or a verified position), which replays the LM head and the argmax after it
+        (DecodeGraphs.greedy); else from the model (its bounded greedy head where it has one). None on the ranks
+        of the last stage other than the output rank."""
+        if isinstance(graphs, DecodeGraphs) and batch.sample_token_indices.shape[0] == batch.input_ids.shape[0]:
+            greedy = graphs.greedy()
+            if greedy is not None:
+                return greedy
+        return self.model.greedy(hidden[batch.sample_token_indices])
 
     def _make_generators(self, requests: list[WorkerRequest]) -> dict[str, str]:
         """Seeded requests' own generators, made on their first sample; a seed torch refuses fails its

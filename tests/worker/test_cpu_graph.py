@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.model import attention, cpu_kernels
+from pagedllm.model import attention, cpu_kernels, loader
 from pagedllm.model.linear_backend import ENV_VAR
 from pagedllm.model.linear_timing import BACKENDS, present
 from pagedllm.sample import sampler
@@ -71,12 +71,14 @@ def test_greedy_steps_sample_in_the_graph_as_eagerly(tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_greedy_steps_that_cannot_be_recorded_go_to_the_sampler(tiny_model_dir, monkeypatch):
-    """An argmax in PyTorch (no row_max kernel) is refused: the sampler takes greedy steps; the layers replay."""
+def test_greedy_steps_that_cannot_be_recorded_run_eagerly(tiny_model_dir, monkeypatch):
+    """An argmax in PyTorch (no row_max kernel, and no bounded greedy head) is refused: greedy steps take it
+    eagerly; the layers replay."""
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     eager = LLM(tiny_model_dir, num_gpu_blocks_override=128, enforce_eager=True).generate(
         PROMPTS, params, use_tqdm=False)
     monkeypatch.setattr(sampler, "load_row_max", lambda: None)
+    monkeypatch.setattr(loader, "build_greedy_head", lambda weight, head: None)
     llm = LLM(tiny_model_dir, num_gpu_blocks_override=128)
     replayed = llm.generate(PROMPTS, params, use_tqdm=False)
     graphs = _runner(llm).decode_graphs
