@@ -1,8 +1,8 @@
 """Greedy tokens through the LM head without computing every logit: an int8 copy of the head gives each logit
 approximately, with a bound on its error, and only the vocabulary panels the bounds cannot rule out are computed
 exactly, by the layer's own kernel (csrc/greedy_head.c explains the bound). The token and its logit are those of
-the full float32 product, bit for bit; on the default model (AMD Zen 4) the head takes 0.41x the time at 64
-greedy rows and 0.54x at eight.
+the full float32 product, bit for bit; on the default model (AMD Zen 4) the head takes 0.40x the time at 64
+greedy rows and 0.49x at eight.
 
 The copy holds, per block of 32 weights of a vocabulary row, a float16 scale and int8 codes (for a GGUF Q8_0
 head, exactly its own blocks), with the norms the bound needs: per block of the float32 weight, and per row the
@@ -36,9 +36,9 @@ class GreedyHead(nn.Module):
         self.register_buffer("norms", norms, persistent=False)
         self.register_buffer("weight_errors", weight_errors, persistent=False)
         self.max_norm = float(norms.max())
-        # One row streams the weights and computes little: the full head is faster where its bytes are fewer (a
-        # Q8_0 head: 30 MB against the copy's 34, 1.05-1.07x the time on an AMD Zen 4; from two rows 0.94x, four
-        # 0.80x, eight 0.54x, 64 0.41x). A float32 head streams 113 MB: 0.35x at one row.
+        # One row streams the weights and computes little: the full head is as fast or faster where its bytes are
+        # fewer (a Q8_0 head: 30 MB against the copy's 34, 1.00-1.07x the time on an AMD Zen 4; two rows level,
+        # four 0.72x, eight 0.49x, 64 0.40x). A float32 head streams 113 MB: 0.35x at one row.
         self.full_for_one_row = head.weight_bytes <= self.nbytes
         self.kernel, _ = load_greedy_head()
         self.panel_row = load_packed_linear().panel_row
@@ -67,8 +67,8 @@ class GreedyHead(nn.Module):
 
 
 def build_greedy_head(weight: torch.Tensor, head: MergedLinear) -> Optional[GreedyHead]:
-    """The greedy head for `head`, packed for packed_linear.c since, from its float32 weight [vocab, hidden] as
-    loaded; None where the kernels cannot take it (see the module's docstring)."""
+    """The greedy head for `head` (already packed for packed_linear.c), built from its float32 weight [vocab, hidden]
+    as loaded; None where the kernels cannot take it (see the module's docstring)."""
     kernel, linear = load_greedy_head(), load_packed_linear()
     packed = head.panel_weight
     if (kernel is None or linear is None or not linear.panel_row or linear.panel != kernel[1] or packed is None
