@@ -37,7 +37,7 @@ class GreedyHead(nn.Module):
         self.register_buffer("weight_errors", weight_errors, persistent=False)
         self.max_norm = float(norms.max())
         # One row streams the weights and computes little: the full head is as fast or faster where its bytes are
-        # fewer (a Q8_0 head: 30 MB against the copy's 34, 1.00-1.07x the time on an AMD Zen 4; two rows level,
+        # fewer (a Q8_0 head: 30 MB against the copy's 32, 1.00-1.07x the time on an AMD Zen 4; two rows level,
         # four 0.72x, eight 0.49x, 64 0.40x). A float32 head streams 113 MB: 0.35x at one row.
         self.full_for_one_row = head.weight_bytes <= self.nbytes
         self.kernel, _ = load_greedy_head()
@@ -56,8 +56,8 @@ class GreedyHead(nn.Module):
             return row_max(self.head(hidden))
         hidden = hidden.contiguous()
         panels, blocks = self.approx.shape[0], self.approx.shape[1]
-        codes = torch.empty(rows, k, dtype=torch.uint8)
-        stats = hidden.new_empty(rows, 2 * blocks + 3)
+        codes = torch.empty(rows, k, dtype=torch.int8)
+        stats = hidden.new_empty(rows, 3 * blocks + 3)
         bounds = hidden.new_empty(rows, 2 * panels)
         values = hidden.new_empty(rows)
         indices = torch.empty(rows, dtype=torch.long)
@@ -97,19 +97,19 @@ def build_greedy_head(weight: torch.Tensor, head: MergedLinear) -> Optional[Gree
 
 
 def _pack(panel: int, scales: torch.Tensor, codes: torch.Tensor, block_norms: torch.Tensor) -> torch.Tensor:
-    """[vocab / panel, blocks, panel * (6 + BLOCK)] bytes, each block of a panel as greedy_head.c reads it: the
-    panel's scales (float16), sums of its codes (int16) and block norms (float16), then per four steps of k each
-    column's four codes."""
+    """[vocab / panel, blocks, panel * (4 + BLOCK)] bytes, each block of a panel as greedy_head.c reads it: the
+    panel's scales and block norms (float16), then per four steps of k each column's four codes, offset by 128
+    (unsigned)."""
     vocab, blocks = scales.shape
     panels = vocab // panel
 
     def by_panel(values: torch.Tensor) -> torch.Tensor:  # [vocab, blocks] 2-byte values -> [panels, blocks, 2 panel]
         return values.view(panels, panel, blocks).transpose(1, 2).contiguous().view(torch.uint8)
 
-    sums = codes.to(torch.int16).sum(-1, dtype=torch.int16)
-    quads = codes.view(panels, panel, blocks, BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
-    return torch.cat([by_panel(scales), by_panel(sums), by_panel(block_norms),
-                      quads.reshape(panels, blocks, BLOCK * panel).view(torch.uint8)], dim=-1).contiguous()
+    unsigned = (codes.to(torch.int16) + 128).to(torch.uint8)
+    quads = unsigned.view(panels, panel, blocks, BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+    return torch.cat([by_panel(scales), by_panel(block_norms), quads.reshape(panels, blocks, BLOCK * panel)],
+                     dim=-1).contiguous()
 
 
 def _float16_up(values: torch.Tensor) -> Optional[torch.Tensor]:

@@ -53,13 +53,10 @@ typedef __m512i ivec;
 typedef __m512 fvec;
 #define FZERO _mm512_setzero_ps()
 #define LOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define LOAD_I16(p) _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)(p)))
 #define LOAD_I(p) _mm512_loadu_si512((const void *)(p))
 #define LOAD_F(p) _mm512_loadu_ps(p)
 #define SET_I(v) _mm512_set1_epi32(v)
 #define SET_F(v) _mm512_set1_ps(v)
-#define SUB_I(a, b) _mm512_sub_epi32(a, b)
-#define SHIFT_I(a, n) _mm512_slli_epi32(a, n)
 #define TO_F(a) _mm512_cvtepi32_ps(a)
 #define FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define MUL(a, b) _mm512_mul_ps(a, b)
@@ -67,10 +64,14 @@ typedef __m512 fvec;
 #define SUB(a, b) _mm512_sub_ps(a, b)
 #define MAX(a, b) _mm512_max_ps(a, b)
 #define HMAX(a) _mm512_reduce_max_ps(a)
-/* Four products of unsigned and signed bytes added into each 32-bit lane. */
-#define DOT4(acc, x, w) _mm512_dpbusd_epi32(acc, x, w)
-#define X_OFFSET 128 /* x's codes are stored as unsigned bytes, code + X_OFFSET */
-#define X_SHIFT 7     /* log2(X_OFFSET) */
+/* Four products of unsigned (w) and signed (x) bytes added into each 32-bit lane of acc. */
+#define DOT4(acc, w, x) _mm512_dpbusd_epi32(acc, w, x)
+
+/* The copy's codes are stored as unsigned bytes, code + W_OFFSET, and x's as signed ones: each sum then starts at
+ * -W_OFFSET times the sum of x's block of codes, one number per row and block, where the other way round would
+ * store each column's sum of codes in the copy (2 bytes a column and block more to stream). Folding the broadcast
+ * of x's codes into the multiply-add as a memory operand (inline assembly) measured level at 1 to 64 rows. */
+#define W_OFFSET 128
 #define PANEL_VECS 3  /* vectors per panel: packed_linear.c's panels of 48 columns, whose exact sums pick takes */
 #define COLUMNS (PANEL_VECS * VEC)
 /* A tile is up to TILE_ROWS rows by one vector of a panel (8 codes' sums in registers, each weight vector loaded
@@ -88,13 +89,13 @@ typedef __m512 fvec;
 
 int64_t greedy_head_columns(void) { return COLUMNS; }
 
-/* A block of a panel in the int8 copy: float16 scales, int16 sums of the codes, float16 norms of
- * the float32 weights' block (rounded up), then per quad of steps of k each column's four codes. */
-#define BLOCK_BYTES (COLUMNS * (6 + BLOCK))
+/* A block of a panel in the int8 copy: float16 scales, float16 norms of the float32 weights' block (rounded up),
+ * then per quad of steps of k each column's four codes (offset by W_OFFSET). */
+#define BLOCK_BYTES (COLUMNS * (4 + BLOCK))
 
-/* A row's statistics after its codes: per block the scale of x's codes and the norm of their error, then the
- * row's slack (SLACK (|x| + |x'|)), |x'| and whether it is computed whole. */
-#define STATS(blocks) (2 * (blocks) + 3)
+/* A row's statistics after its codes: per block the scale of x's codes, the norm of their error and the sum of
+ * the codes, then the row's slack (SLACK (|x| + |x'|)), |x'| and whether it is computed whole. */
+#define STATS(blocks) (3 * (blocks) + 3)
 
 static inline int finite_bits(float v) {
     uint32_t bits;
@@ -108,8 +109,8 @@ static inline int nan_bits(float v) {
     return (bits & 0x7fffffffu) > 0x7f800000u;
 }
 
-/* One row of x as codes (unsigned, offset by X_OFFSET) and its statistics (STATS). */
-static void quantize_row(const float *x, int64_t k_in, float max_norm, uint8_t *codes, float *stats) {
+/* One row of x as codes and its statistics (STATS). */
+static void quantize_row(const float *x, int64_t k_in, float max_norm, int8_t *codes, float *stats) {
     const int64_t blocks = k_in / BLOCK;
     float x_sq = 0, code_sq = 0;
     int whole = 0;
@@ -119,24 +120,26 @@ static void quantize_row(const float *x, int64_t k_in, float max_norm, uint8_t *
         float amax = 0;
         for (int i = 0; i < BLOCK; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
         const float scale = whole ? 0 : amax / X_LIMIT, inverse = scale > 0 ? X_LIMIT / amax : 0;
-        float error_sq = 0;
+        float error_sq = 0, code_sum = 0;
         for (int i = 0; i < BLOCK; i++) {
             float q = whole ? 0 : nearbyintf(xb[i] * inverse);
             q = q > X_LIMIT ? X_LIMIT : q < -X_LIMIT ? -X_LIMIT : q;
             const float rounded = scale * q, error = whole ? 0 : xb[i] - rounded;
-            codes[b * BLOCK + i] = (uint8_t)((int)q + X_OFFSET);
+            codes[b * BLOCK + i] = (int8_t)q;
+            code_sum += q;
             error_sq += error * error;
             code_sq += rounded * rounded;
             x_sq += whole ? 0 : xb[i] * xb[i];
         }
         stats[b] = scale;
         stats[blocks + b] = sqrtf(error_sq) * INFLATE;
+        stats[2 * blocks + b] = code_sum;
     }
     const float x_norm = sqrtf(x_sq) * INFLATE, code_norm = sqrtf(code_sq) * INFLATE;
     whole |= !(x_norm * max_norm < HUGE_BOUND);
-    stats[2 * blocks] = SLACK * (x_norm + code_norm);
-    stats[2 * blocks + 1] = code_norm;
-    stats[2 * blocks + 2] = (float)whole;
+    stats[3 * blocks] = SLACK * (x_norm + code_norm);
+    stats[3 * blocks + 1] = code_norm;
+    stats[3 * blocks + 2] = (float)whole;
 }
 
 /* For `rows` rows and `vecs` vectors of VEC columns of one panel, from vector j (rows * vecs at most TILE_SUMS):
@@ -144,7 +147,7 @@ static void quantize_row(const float *x, int64_t k_in, float max_norm, uint8_t *
  * (upper) and approximation minus bound (lower). Each block also prefetches the bytes PREFETCH_BYTES after it,
  * where `prefetch` is set. */
 static inline __attribute__((always_inline)) void approximate_tile(
-    const uint8_t *panel, int64_t j, int64_t blocks, const uint8_t *codes, const float *stats, int64_t k_in,
+    const uint8_t *panel, int64_t j, int64_t blocks, const int8_t *codes, const float *stats, int64_t k_in,
     const float *norms, const float *weight_errors, fvec *upper, fvec *lower, int prefetch, const int rows,
     const int vecs) {
     const int64_t stat_size = STATS(blocks);
@@ -155,16 +158,17 @@ static inline __attribute__((always_inline)) void approximate_tile(
         if (prefetch)
             for (int line = 0; line < BLOCK_BYTES; line += 64) __builtin_prefetch(block + PREFETCH_BYTES + line, 0, 1);
         fvec scale[PANEL_VECS], norm[PANEL_VECS];
-        ivec start[PANEL_VECS], dots[TILE_SUMS];
+        ivec dots[TILE_SUMS];
         for (int v = 0; v < vecs; v++) {
             scale[v] = LOAD_F16(block + 2 * (j + v) * VEC);
-            norm[v] = LOAD_F16(block + 4 * COLUMNS + 2 * (j + v) * VEC);
-            /* x's codes carry X_OFFSET: each sum starts at -X_OFFSET times the sum of the weights' codes. */
-            start[v] = SUB_I(SET_I(0), SHIFT_I(LOAD_I16(block + 2 * COLUMNS + 2 * (j + v) * VEC), X_SHIFT));
+            norm[v] = LOAD_F16(block + 2 * COLUMNS + 2 * (j + v) * VEC);
         }
-        for (int r = 0; r < rows; r++)
-            for (int v = 0; v < vecs; v++) dots[r * vecs + v] = start[v];
-        const uint8_t *w = block + 6 * COLUMNS + 4 * j * VEC;
+        /* The copy's codes carry W_OFFSET: each sum starts at -W_OFFSET times the sum of x's codes. */
+        for (int r = 0; r < rows; r++) {
+            const ivec start = SET_I(-W_OFFSET * (int32_t)stats[r * stat_size + 2 * blocks + b]);
+            for (int v = 0; v < vecs; v++) dots[r * vecs + v] = start;
+        }
+        const uint8_t *w = block + 4 * COLUMNS + 4 * j * VEC;
         for (int q = 0; q < QUADS; q++) {
             ivec weights[PANEL_VECS];
             for (int v = 0; v < vecs; v++) weights[v] = LOAD_I(w + q * 4 * COLUMNS + 4 * v * VEC);
@@ -172,7 +176,7 @@ static inline __attribute__((always_inline)) void approximate_tile(
                 int32_t four;
                 memcpy(&four, codes + r * k_in + b * BLOCK + 4 * q, 4);
                 const ivec x = SET_I(four);
-                for (int v = 0; v < vecs; v++) dots[r * vecs + v] = DOT4(dots[r * vecs + v], x, weights[v]);
+                for (int v = 0; v < vecs; v++) dots[r * vecs + v] = DOT4(dots[r * vecs + v], weights[v], x);
             }
         }
         for (int r = 0; r < rows; r++) {
@@ -184,7 +188,7 @@ static inline __attribute__((always_inline)) void approximate_tile(
         }
     }
     for (int r = 0; r < rows; r++) {
-        const float *s = stats + r * stat_size + 2 * blocks;
+        const float *s = stats + r * stat_size + 3 * blocks;
         for (int v = 0; v < vecs; v++) {
             const fvec n = LOAD_F(norms + (j + v) * VEC), f = LOAD_F(weight_errors + (j + v) * VEC);
             const fvec bound = FMA(SET_F(s[0]), n, FMA(SET_F(s[1]), f, MUL(bounds[r * vecs + v], SET_F(INFLATE))));
@@ -197,7 +201,7 @@ static inline __attribute__((always_inline)) void approximate_tile(
 /* Rows [first, first + rows) of panel p, one vector at a time or all at once (`wide`): each row's upper and lower
  * maxima over the panel's columns into bounds (row r's at r * 2 panels + 2 p). */
 static inline __attribute__((always_inline)) void approximate_panel(
-    const uint8_t *panel, int64_t p, int64_t panels, int64_t blocks, const uint8_t *codes, const float *stats,
+    const uint8_t *panel, int64_t p, int64_t panels, int64_t blocks, const int8_t *codes, const float *stats,
     int64_t k_in, const float *norms, const float *weight_errors, float *bounds, int64_t first, const int rows,
     const int wide) {
     fvec upper[TILE_ROWS], lower[TILE_ROWS];
@@ -248,7 +252,7 @@ static void pick(const float *x, const float *row_bounds, int whole, int64_t pan
  * (block_bytes as packed_linear.c takes it). Scratch: codes [rows, k_in] bytes, stats [rows, STATS] and bounds
  * [rows, 2 panels] floats. */
 void greedy_head(const float *x, const uint8_t *approx, const float *norms, const float *weight_errors,
-                 uint8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
+                 int8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
                  int64_t k_in, int64_t panels, panel_row_fn panel_row, const void *exact, int64_t block_bytes,
                  float max_norm) {
     const int64_t blocks = k_in / BLOCK, panel_bytes = blocks * BLOCK_BYTES;
@@ -274,7 +278,7 @@ void greedy_head(const float *x, const uint8_t *approx, const float *norms, cons
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t r = 0; r < rows; r++)
-            pick(x + r * k_in, bounds + r * 2 * panels, stats[r * STATS(blocks) + 2 * blocks + 2] != 0, panels,
+            pick(x + r * k_in, bounds + r * 2 * panels, stats[r * STATS(blocks) + 3 * blocks + 2] != 0, panels,
                  panel_row, exact, k_in, block_bytes, values + r, indices + r);
     }
 }
@@ -283,7 +287,7 @@ void greedy_head(const float *x, const uint8_t *approx, const float *norms, cons
 int64_t greedy_head_columns(void) { return 0; }
 
 void greedy_head(const float *x, const uint8_t *approx, const float *norms, const float *weight_errors,
-                 uint8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
+                 int8_t *codes, float *stats, float *bounds, float *values, int64_t *indices, int64_t rows,
                  int64_t k_in, int64_t panels, panel_row_fn panel_row, const void *exact, int64_t block_bytes,
                  float max_norm) {
     abort(); /* greedy_head_columns() says there is none: greedy_head.py builds no head */
@@ -292,6 +296,6 @@ void greedy_head(const float *x, const uint8_t *approx, const float *norms, cons
 
 void greedy_head_entry(const int64_t *args) {
     greedy_head(ARG(0, const float *), ARG(1, const uint8_t *), ARG(2, const float *), ARG(3, const float *),
-                ARG(4, uint8_t *), ARG(5, float *), ARG(6, float *), ARG(7, float *), ARG(8, int64_t *), args[9],
+                ARG(4, int8_t *), ARG(5, float *), ARG(6, float *), ARG(7, float *), ARG(8, int64_t *), args[9],
                 args[10], args[11], ARG(12, panel_row_fn), ARG(13, const void *), args[14], float_arg(args, 15));
 }
