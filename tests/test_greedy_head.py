@@ -28,10 +28,10 @@ def _kernels():
     return linear
 
 
-def _weight(kind: str, vocab: int, seed: int = 0) -> torch.Tensor:
-    """A float32 head [vocab, K]: random, or through a GGUF quantization and back (as the loader reads one)."""
+def _weight(kind: str, vocab: int, seed: int = 0, k: int = K) -> torch.Tensor:
+    """A float32 head [vocab, k]: random, or through a GGUF quantization and back (as the loader reads one)."""
     rng = np.random.default_rng(seed)
-    dense = rng.standard_normal((vocab, K), dtype=np.float32) * 0.05
+    dense = rng.standard_normal((vocab, k), dtype=np.float32) * 0.05
     if kind == "F32":
         return torch.from_numpy(dense)
     qtype = GGMLQuantizationType[kind]
@@ -46,12 +46,12 @@ def _head(weight: torch.Tensor) -> MergedLinear:
     return head
 
 
-def _hidden(rows: int, seed: int = 1) -> torch.Tensor:
+def _hidden(rows: int, seed: int = 1, k: int = K) -> torch.Tensor:
     """Final hidden states with a few large channels, as a final norm's weight makes them."""
     generator = torch.Generator().manual_seed(seed)
-    gain = torch.ones(K)
+    gain = torch.ones(k)
     gain[[3, 40, 77]] = 30.0
-    return torch.randn(rows, K, generator=generator) * gain
+    return torch.randn(rows, k, generator=generator) * gain
 
 
 def _assert_as_row_max(head: MergedLinear, greedy, hidden: torch.Tensor) -> None:
@@ -86,6 +86,14 @@ def test_tokens_and_logits_are_row_maxs(kind, rows):
     greedy = build_greedy_head(weight, head)
     assert (greedy.weight_errors.max() == 0) == (kind == "Q8_0")  # the int8 copy is a Q8_0 head's own blocks
     _assert_as_row_max(head, greedy, _hidden(rows))
+
+
+def test_a_wide_hidden_size_gives_row_maxs_tokens():
+    """4096 steps of k (the float32 sums round by up to 4096 u; the bound's slack grows with k)."""
+    linear = _kernels()
+    weight = _weight("Q8_0", 8 * linear.panel, k=4096)
+    head = _head(weight)
+    _assert_as_row_max(head, build_greedy_head(weight, head), _hidden(9, k=4096))
 
 
 def test_ties_take_the_first_and_near_ties_are_computed_exactly():

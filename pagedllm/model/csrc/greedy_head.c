@@ -12,9 +12,11 @@
  *   x is split in blocks of BLOCK and each block rounded to codes of one scale: x = x' + e.
  *   w' is the int8 copy, a float16 scale per block: w = w' + f (f is zero for a GGUF Q8_0 head).
  *   x . w - x' . w' = e . w + x' . f, so |x . w - x' . w'| <= sum over blocks |e_b| |w_b| + |x'| |f|.
- *   The float32 sum v differs from x . w by at most 576 u |x| |w| (u = 2^-24), and the approximation as
- *   computed from x' . w' by about 20 u |x'| |w'|: both lie within SLACK (|x| + |x'|) N, N >= |w|, |w'|.
- * Every norm is stored rounded up and every computed one inflated (INFLATE), so rounding only widens the bound.
+ *   The float32 sum v differs from x . w by at most k u |x| |w| (k steps, u = 2^-24, one rounding a step), and
+ *   the approximation as computed from x' . w' by about (k / 32 + 2) u |x'| |w'|: both, with the rounding of
+ *   x' and of the comparisons, lie within slack (|x| + |x'|) N, N >= |w|, |w'|, slack = SLACK_UNITS (k + 64) u.
+ * Every norm is stored rounded up and every computed one inflated (by 1 + INFLATE_UNITS (k + 64) u, where the
+ * sum of k squares rounds by at most k u), so rounding only widens the bound.
  * A panel is kept where some logit's approximation plus its bound reaches the row's largest approximation minus
  * bound: every logit outside the kept panels lies below that, which the row's largest logit reaches. On the
  * default model's greedy rows, 2.7 panels of 1024 are kept on average (72 at most).
@@ -42,8 +44,9 @@ typedef void (*panel_row_fn)(const float *x, const void *w, int64_t panel, int64
 
 #define BLOCK 32    /* steps of k per scale of x and of the int8 weights */
 #define QUADS 8     /* groups of four steps of k per block: one 32-bit lane holds a column's four codes */
-#define INFLATE 1.001f /* a computed norm's worst rounding, with room to spare */
-#define SLACK 2e-4f    /* float32 rounding of the exact and approximate sums, per unit of |x| N (see above) */
+#define UNIT 0x1p-24f   /* u, float32's unit roundoff */
+#define INFLATE_UNITS 16 /* a computed norm's inflation, in units of (k + 64) u: 16 times its worst rounding */
+#define SLACK_UNITS 4    /* the sums' rounding allowed for, in units of (k + 64) u: twice the worst */
 #define HUGE_BOUND 1e30f /* |x| N beyond this may overflow the bound: the row is computed in full */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -94,8 +97,12 @@ int64_t greedy_head_columns(void) { return COLUMNS; }
 #define BLOCK_BYTES (COLUMNS * (4 + BLOCK))
 
 /* A row's statistics after its codes: per block the scale of x's codes, the norm of their error and the sum of
- * the codes, then the row's slack (SLACK (|x| + |x'|)), |x'| and whether it is computed whole. */
+ * the codes, then the row's slack (see above) times |x| + |x'|, |x'| and whether it is computed whole. */
 #define STATS(blocks) (3 * (blocks) + 3)
+
+/* The factor every computed norm is inflated by, and the slack, for sums over k_in steps (see above). */
+static inline float inflation(int64_t k_in) { return 1 + INFLATE_UNITS * (k_in + 64) * UNIT; }
+static inline float slack(int64_t k_in) { return SLACK_UNITS * (k_in + 64) * UNIT; }
 
 static inline int finite_bits(float v) {
     uint32_t bits;
@@ -132,12 +139,12 @@ static void quantize_row(const float *x, int64_t k_in, float max_norm, int8_t *c
             x_sq += whole ? 0 : xb[i] * xb[i];
         }
         stats[b] = scale;
-        stats[blocks + b] = sqrtf(error_sq) * INFLATE;
+        stats[blocks + b] = sqrtf(error_sq) * inflation(k_in);
         stats[2 * blocks + b] = code_sum;
     }
-    const float x_norm = sqrtf(x_sq) * INFLATE, code_norm = sqrtf(code_sq) * INFLATE;
+    const float x_norm = sqrtf(x_sq) * inflation(k_in), code_norm = sqrtf(code_sq) * inflation(k_in);
     whole |= !(x_norm * max_norm < HUGE_BOUND);
-    stats[3 * blocks] = SLACK * (x_norm + code_norm);
+    stats[3 * blocks] = slack(k_in) * (x_norm + code_norm);
     stats[3 * blocks + 1] = code_norm;
     stats[3 * blocks + 2] = (float)whole;
 }
@@ -191,7 +198,8 @@ static inline __attribute__((always_inline)) void approximate_tile(
         const float *s = stats + r * stat_size + 3 * blocks;
         for (int v = 0; v < vecs; v++) {
             const fvec n = LOAD_F(norms + (j + v) * VEC), f = LOAD_F(weight_errors + (j + v) * VEC);
-            const fvec bound = FMA(SET_F(s[0]), n, FMA(SET_F(s[1]), f, MUL(bounds[r * vecs + v], SET_F(INFLATE))));
+            const fvec bound =
+                FMA(SET_F(s[0]), n, FMA(SET_F(s[1]), f, MUL(bounds[r * vecs + v], SET_F(inflation(k_in)))));
             upper[r] = MAX(upper[r], ADD(sums[r * vecs + v], bound));
             lower[r] = MAX(lower[r], SUB(sums[r * vecs + v], bound));
         }
