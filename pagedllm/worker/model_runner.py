@@ -153,7 +153,6 @@ class ModelRunner:
         sampling = [batch.requests[i] for i in batch.sample_rows]
         failed = self._make_generators(sampling)
         verifying = any(request.spec_token_ids for request in sampling)
-        out = None
         if sampling and all(takes_raw_argmax(request, grammar_bitmasks) for request in sampling):
             greedy = self._greedy(graphs, batch, hidden)
             if greedy is None:  # a rank of the last stage other than the output rank
@@ -162,7 +161,7 @@ class ModelRunner:
             if verifying:
                 sampled = verify_greedy(out.token_ids.tolist(), sampling)
                 return ModelRunnerOutput(sampled, {}, prompt_logprobs, forward_ms, failed=failed)
-        if out is None:
+        else:
             # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
             logits = self.model.compute_logits(hidden[batch.sample_token_indices]) if sampling else None
             if logits is None:
