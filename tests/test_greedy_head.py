@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from pagedllm import SamplingParams
+from pagedllm import LLM, SamplingParams
 from pagedllm.model.cpu_kernels import load_greedy_head, load_packed_linear
 from pagedllm.model.greedy_head import build_greedy_head
 from pagedllm.model.layers import MergedLinear
@@ -167,3 +167,17 @@ def test_default_model_greedy_batches_as_the_sampler(llm):
     assert graphs.graphs[len(prompts)]._greedy_steps is not None
     full = llm.generate(prompts, with_logprobs, use_tqdm=False)
     assert [r.outputs[0].token_ids for r in bounded] == [r.outputs[0].token_ids for r in full]
+
+
+def test_eager_greedy_steps_take_the_sampler_s_tokens(tiny_model_dir):
+    """Without CPU graphs, steps whose rows all take the raw argmax take it from the model (its bounded head where
+    this CPU builds one: the tiny model's float32 head is larger than its copy, so even one row takes it); the
+    tokens equal those of the same requests asking for logprobs, sampled from the full logits."""
+    llm = LLM(tiny_model_dir, num_gpu_blocks_override=128, enforce_eager=True)
+    model = llm.llm_engine.model_executor.worker.model_runner.model
+    assert (model.greedy_head is not None) == (load_greedy_head() is not None)
+    prompts = [{"prompt_token_ids": list(range(10 + i, 30 + 3 * i))} for i in range(6)]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    with_logprobs = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
+    tokens = [r.outputs[0].token_ids for r in llm.generate(prompts, greedy, use_tqdm=False)]
+    assert tokens == [r.outputs[0].token_ids for r in llm.generate(prompts, with_logprobs, use_tqdm=False)]

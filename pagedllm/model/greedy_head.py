@@ -47,7 +47,7 @@ class GreedyHead(nn.Module):
     @property
     def nbytes(self) -> int:
         """Bytes the copy and its norms take beside the head."""
-        return sum(t.numel() * t.element_size() for t in (self.approx, self.norms, self.weight_errors))
+        return sum(t.numel() * t.element_size() for t in self.buffers(recurse=False))
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [rows, hidden] float32 -> (largest logit [rows], its first index [rows] long)."""
