@@ -440,8 +440,8 @@ def _json_or_text(text: str) -> Any:
 
 def _check_quantization(quantization: Optional[str], model_format: str, device: str, dtype: Any) -> None:
     """None, 'int8' (weight-only, made at load), or vLLM's 'gguf': a GGUF file's Q4_1 and Q8_0 weights run as
-    their blocks, which pagedllm does on CPU in float32 (where it also does so unasked; the loader refuses a
-    model whose linear weights it cannot all stream so)."""
+    their blocks, which pagedllm does on CPU in float32 and bfloat16 (where it also does so unasked; the loader
+    refuses a model whose linear weights it cannot all stream so)."""
     import torch
 
     if quantization not in (None, "int8", "gguf"):
@@ -450,8 +450,8 @@ def _check_quantization(quantization: Optional[str], model_format: str, device: 
         return
     if model_format != "gguf":
         raise ValueError("quantization='gguf' needs a GGUF model file; this model is a Hugging Face folder.")
-    if device != "cpu" or dtype != torch.float32:
-        raise ValueError(f"quantization='gguf' runs a GGUF file's blocks on CPU in float32, not on device={device!r} "
+    if device != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"quantization='gguf' runs a GGUF file's blocks on CPU in float32 or bfloat16, not on device={device!r} "
                          f"with dtype={str(dtype).replace('torch.', '')!r}; leave quantization unset to run the "
                          "weights dequantized.")
 

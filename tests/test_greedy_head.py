@@ -137,6 +137,12 @@ def test_heads_the_kernel_cannot_take_get_none():
     broken = weight.clone()
     broken[3, 3] = float("inf")
     assert build_greedy_head(broken, _head(weight)) is None
+    if linear.blocks_bf16 is not None:  # a 4-bit head whose products take bfloat16 inputs (dtype=bfloat16)
+        q4 = _weight("Q4_1", 4 * linear.panel)
+        rounding = MergedLinear(K, [q4.shape[0]])
+        rounding.weight.data.copy_(q4)
+        assert rounding.pack_blocks(bfloat16=True) and rounding.bfloat16_inputs
+        assert build_greedy_head(q4, rounding) is None
 
 
 def test_default_model_head_on_its_scaled_hidden_states(llm):

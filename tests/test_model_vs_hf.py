@@ -64,12 +64,16 @@ def ours_int8(default_model, prompt_ids):
 
 
 @pytest.fixture(scope="module")
-def ours_bf16(default_model, prompt_ids):
+def bf16_llm(default_model):
     from pagedllm import LLM
 
+    return LLM(default_model, dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def ours_bf16(bf16_llm, prompt_ids):
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
-    llm = LLM(default_model, dtype="bfloat16")
-    return llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+    return bf16_llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
 
 
 def _reference_logprobs(hf_model, ids: list[int], output_ids: list[int]) -> torch.Tensor:
@@ -107,6 +111,27 @@ def test_bf16_greedy_tokens_agree_with_float32_reference(index, ours_bf16, hf_mo
     ids, got = prompt_ids[index], list(ours_bf16[index].outputs[0].token_ids)
     assert len(got) == NUM_TOKENS
     _check_greedy(index, got, _reference_logprobs(hf_model, ids, got)[len(ids) - 1:], BF16_TIE_MARGIN)
+
+
+def test_bf16_on_cpu_keeps_the_gguf_blocks(bf16_llm):
+    """dtype=bfloat16 keeps the default model's GGUF blocks (fewer bytes than bfloat16 weights): its Q4_1 layers
+    multiply inputs rounded to bfloat16 where the kernel has AVX512_BF16, its Q8_0 head keeps float32 products,
+    and greedy steps keep the greedy head."""
+    from pagedllm.model.cpu_kernels import load_greedy_head, load_packed_linear
+    from pagedllm.model.layers import MergedLinear
+    from pagedllm.model.weight_blocks import Q4_BYTES
+
+    kernel = load_packed_linear()
+    if kernel is None or kernel.blocks is None:
+        pytest.skip("this build of the panel kernel has no block formats")
+    model = bf16_llm.llm_engine.model_executor.worker.model_runner.model
+    linears = [m for m in model.modules() if isinstance(m, MergedLinear)]
+    assert linears and all(m.in_blocks for m in linears)
+    four_bit = [m for m in linears if m.panel_weight.shape[2] == Q4_BYTES * kernel.panel]
+    assert all(m.bfloat16_inputs == (kernel.blocks_bf16 is not None) for m in four_bit)
+    eight_bit = [m for m in linears if m not in four_bit]  # the head
+    assert len(eight_bit) == 1 and not eight_bit[0].bfloat16_inputs
+    assert (model.greedy_head is not None) == (load_greedy_head() is not None)
 
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))

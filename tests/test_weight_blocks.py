@@ -85,6 +85,65 @@ def test_a_layer_of_blocks_computes_as_its_float32_panels():
     assert torch.equal(layer(x), reference(x))
 
 
+def _bf16_kernel():
+    kernel = _kernel()
+    if kernel.blocks_bf16 is None:
+        pytest.skip("4-bit blocks take bfloat16 inputs only where the kernel has AVX512_BF16")
+    return kernel
+
+
+def _rounded_product(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x rounded to bfloat16 times the weight, in float64, and the same over absolute values (the scale of the
+    float32 sums' rounding)."""
+    rounded = x.bfloat16().double()
+    return rounded @ weight.double().T, rounded.abs() @ weight.double().abs().T
+
+
+# Rows: one (two panels a tile), two to four (a panel's three vectors), five to 12 (one tile of a vector), 13 and
+# 25 (several tiles), more than one chunk of 256 rows.
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 12, 13, 25, 300])
+def test_bf16_blocks_multiply_inputs_rounded_to_bfloat16(rows):
+    kernel = _bf16_kernel()
+    weight = _gguf_weight("Q4_1", 5 * kernel.panel, 160, seed=rows)
+    blocks = pack_blocks(weight, kernel.panel, bfloat16_inputs=True)
+    assert blocks is not None and blocks.shape == (5, 160 // 32, BLOCK_BYTES["Q4_1"] * kernel.panel)
+    x = torch.randn(rows, 160) * torch.logspace(-3, 3, 160)  # inputs of many magnitudes, as activations are
+    got = kernel.blocks_bf16(x, blocks)
+    want, scale = _rounded_product(x, weight)
+    # float32 sums of exact products: well within 1e-5 of the sum of magnitudes (1e-7 to 1e-6 measured)
+    assert ((got.double() - want).abs() <= 1e-5 * scale).all()
+    # against the unrounded inputs, bfloat16's rounding shows (a relative step of 2^-9 per input)
+    assert not torch.equal(got, kernel.blocks(x, pack_blocks(weight, kernel.panel)))
+
+
+def test_bf16_block_rows_are_the_same_in_any_batch():
+    """Each row's sums take the same steps whatever the rows beside it: every row of a call of 1 to 40 rows (and
+    of 300, two chunks) equals that row alone, bit for bit."""
+    kernel = _bf16_kernel()
+    weight = _gguf_weight("Q4_1", 3 * kernel.panel, 96)
+    blocks = pack_blocks(weight, kernel.panel, bfloat16_inputs=True)
+    x = torch.randn(300, 96)
+    alone = torch.cat([kernel.blocks_bf16(x[i:i + 1], blocks) for i in range(300)])
+    for rows in [*range(2, 41), 300]:
+        assert torch.equal(kernel.blocks_bf16(x[:rows], blocks).view(torch.int32), alone[:rows].view(torch.int32))
+
+
+def test_under_bfloat16_4bit_blocks_take_bfloat16_inputs_and_8bit_ones_stay_float32():
+    kernel = _bf16_kernel()
+    layers = {}
+    for kind in ("Q4_1", "Q8_0"):
+        layers[kind] = layer = MergedLinear(128, [2 * kernel.panel])
+        layer.weight.data.copy_(_gguf_weight(kind, 2 * kernel.panel, 128))
+    weights = {kind: layer.weight.data.clone() for kind, layer in layers.items()}
+    _pack_for_cpu(list(layers.values()), bfloat16=True)
+    assert all(layer.in_blocks for layer in layers.values())
+    assert layers["Q4_1"].bfloat16_inputs and not layers["Q8_0"].bfloat16_inputs
+    x = torch.randn(3, 128)
+    want, scale = _rounded_product(x, weights["Q4_1"])
+    assert ((layers["Q4_1"](x).double() - want).abs() <= 1e-5 * scale).all()
+    assert torch.equal(layers["Q8_0"](x), kernel.float32(x, kernel.pack(weights["Q8_0"])))
+
+
 def test_the_default_model_streams_its_gguf_blocks(llm):
     """Every linear layer of the default model (Q4_1 layers, a Q8_0 embedding as the tied LM head) is packed as
     blocks, under a fifth of float32's bytes; the greedy tests against transformers run on them."""
@@ -112,15 +171,17 @@ def test_the_loader_packs_blocks_unless_another_backend_is_named(backend, monkey
         assert layer.in_blocks
 
 
-def test_quantization_gguf_is_the_gguf_blocks_on_cpu_in_float32(default_model, tiny_model_dir):
-    """vLLM's quantization="gguf": accepted for a GGUF file on CPU in float32, where the blocks run anyway;
+def test_quantization_gguf_is_the_gguf_blocks_on_cpu(default_model, tiny_model_dir):
+    """vLLM's quantization="gguf": accepted for a GGUF file on CPU in float32 or bfloat16, where the blocks run anyway;
     refused, naming the field, where they cannot."""
     config = EngineArgs(model=default_model, quantization="gguf", device="cpu").create_engine_config()
     assert config.model_config.quantization == "gguf"
     with pytest.raises(ValueError, match="quantization='gguf' needs a GGUF model file"):
         EngineArgs(model=tiny_model_dir, quantization="gguf", device="cpu").create_engine_config()
-    with pytest.raises(ValueError, match="quantization='gguf' runs .* not on device='cpu' with dtype='bfloat16'"):
-        EngineArgs(model=default_model, quantization="gguf", device="cpu", dtype="bfloat16").create_engine_config()
+    config = EngineArgs(model=default_model, quantization="gguf", device="cpu", dtype="bfloat16").create_engine_config()
+    assert config.model_config.quantization == "gguf"
+    with pytest.raises(ValueError, match="quantization='gguf' runs .* not on device='cpu' with dtype='float16'"):
+        EngineArgs(model=default_model, quantization="gguf", device="cpu", dtype="float16").create_engine_config()
     with pytest.raises(ValueError, match="quantization 'fp8' is not supported; use None, 'int8' or 'gguf'"):
         EngineArgs(model=default_model, quantization="fp8").create_engine_config()
 

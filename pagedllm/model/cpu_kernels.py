@@ -247,6 +247,9 @@ class PackedLinear(NamedTuple):
     bfloat16: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (float32 x, packed bfloat16 weight)
     # (x, weight packed in 4- or 8-bit blocks by weight_blocks.py), or None where this build has no such kernel
     blocks: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
+    # (x, 4-bit blocks packed for bfloat16 inputs): x rounded to bfloat16 times the blocks, with AVX512_BF16's dot
+    # products; None where this build has no such kernel
+    blocks_bf16: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]
     # Address of packed_panel_row (one row times one panel, as the layer computes it; greedy_head.c calls it), or
     # 0 in a benchmark's build of an older revision
     panel_row: int
@@ -278,22 +281,27 @@ def packed_linear(library: ctypes.CDLL) -> PackedLinear:
         kernel(x, weight, *scales, out, x.shape[0], out.shape[1], x.shape[1])
         return out
 
-    blocks = None
+    blocks = blocks_bf16 = None
     if getattr(library, "block_formats", None) is not None:  # a benchmark's build of an older revision has none
         library.block_formats.restype = ctypes.c_int64
         if library.block_formats():
-            run_blocks = Kernel(library, "packed_linear_blocks")
-
-            def blocks(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-                x = x.contiguous()
-                out = x.new_empty(x.shape[0], weight.shape[0] * panel)
-                run_blocks(x, weight, out, x.shape[0], out.shape[1], x.shape[1], weight.shape[2])
-                return out
-
+            blocks = functools.partial(_run_blocks, Kernel(library, "packed_linear_blocks"), panel)
+    if getattr(library, "bf16_block_formats", None) is not None:
+        library.bf16_block_formats.restype = ctypes.c_int64
+        if library.bf16_block_formats():
+            blocks_bf16 = functools.partial(_run_blocks, Kernel(library, "packed_linear_blocks_bf16"), panel)
     panel_row = getattr(library, "packed_panel_row", None)
     return PackedLinear(panel, functools.partial(run, run_float32), functools.partial(run, run_int8),
-                        functools.partial(run, run_bfloat16), blocks,
+                        functools.partial(run, run_bfloat16), blocks, blocks_bf16,
                         ctypes.cast(panel_row, ctypes.c_void_p).value if panel_row is not None else 0)
+
+
+def _run_blocks(kernel: Kernel, panel: int, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] times a weight packed in blocks [out / panel, in / 32, block bytes]."""
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0], weight.shape[0] * panel)
+    kernel(x, weight, out, x.shape[0], out.shape[1], x.shape[1], weight.shape[2])
+    return out
 
 
 @functools.cache

@@ -7,7 +7,8 @@ greedy rows and 0.49x at eight.
 The copy holds, per block of 32 weights of a vocabulary row, a float16 scale and int8 codes (for a GGUF Q8_0
 head, exactly its own blocks), with the norms the bound needs: per block of the float32 weight, and per row the
 larger of the weight's and the copy's (N) and of their difference (|f|), each rounded up. It is built where the
-head is packed for packed_linear.c (float32 panels or blocks), whole (one tensor-parallel rank), and finite.
+head is packed for packed_linear.c (float32 panels or blocks with float32 products), whole (one tensor-parallel
+rank), and finite.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def build_greedy_head(weight: torch.Tensor, head: MergedLinear) -> Optional[Gree
     kernel, linear = load_greedy_head(), load_packed_linear()
     packed = head.panel_weight
     if (kernel is None or linear is None or not linear.panel_row or linear.panel != kernel[1] or packed is None
-            or head.bias is not None or head.scales is not None or packed.dtype not in (torch.float32, torch.uint8)):
+            or head.bias is not None or head.scales is not None or head.bfloat16_inputs
+            or packed.dtype not in (torch.float32, torch.uint8)):
         return None
     vocab, k = weight.shape
     if (weight.dtype != torch.float32 or vocab % linear.panel or k % BLOCK or vocab != packed.shape[0] * linear.panel

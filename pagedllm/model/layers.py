@@ -7,7 +7,8 @@ tensor-parallel slicing and LoRA deltas attach. Once loaded, a layer may change 
 `quantize_int8` turns it into weight-only int8 (one scale per output row; activations stay in the model's
 dtype), `pack_for_cpu` reorders a float32 weight into oneDNN's blocked layout, `pack_panels` packs a float32 or
 int8 weight in panels for the C kernel packed_linear.c, rounding a float32 one to bfloat16 first if asked, and
-`pack_blocks` packs a float32 weight that is exactly 4- or 8-bit blocks (weight_blocks.py) as those blocks.
+`pack_blocks` packs a float32 weight that is exactly 4- or 8-bit blocks (weight_blocks.py) as those blocks
+(4-bit ones multiplying inputs rounded to bfloat16 where asked and the CPU has AVX512_BF16).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.model.cpu_kernels import layer_ops_for, load_packed_linear, replayable
-from pagedllm.model.weight_blocks import pack_blocks
+from pagedllm.model.weight_blocks import Q4_BYTES, pack_blocks
 
 
 class RMSNorm(nn.Module):
@@ -60,6 +61,7 @@ class MergedLinear(nn.Module):
         self.packed_weight: Optional[torch.Tensor] = None  # oneDNN layout, once packed for the CPU
         # [out / panel, in, panel] once packed in panels; uint8 [out / panel, in / 32, block bytes] in blocks
         self.panel_weight: Optional[torch.Tensor] = None
+        self.bfloat16_inputs = False  # 4-bit blocks that multiply the input rounded to bfloat16 (pack_blocks)
         self.lora: Any = None  # the LoRA slots' updates (pagedllm/lora/layers.py), once LoRA is enabled
 
     def load_shard(self, shard: int, name: str, tensor: torch.Tensor) -> None:
@@ -93,18 +95,23 @@ class MergedLinear(nn.Module):
         self.weight = None
         return True
 
-    def pack_blocks(self) -> bool:
+    def pack_blocks(self, bfloat16: bool = False) -> bool:
         """Pack the float32 weight as 4- or 8-bit blocks for packed_linear.c, and drop the dense copy, where it
         is exactly such blocks (a GGUF file's Q4_1 and Q8_0 tensors, dequantized): the kernel gives the same
-        outputs, bit for bit, as from float32 panels, from a fifth or a quarter of the bytes. False, and nothing
-        changes, where it is not, or where this build of the kernel has no block formats."""
+        outputs, bit for bit, as from float32 panels, from a fifth or a quarter of the bytes. With `bfloat16`
+        (dtype=bfloat16), 4-bit blocks multiply the input rounded to bfloat16 where the kernel has AVX512_BF16's
+        dot products for them; other blocks keep their float32 products (their exact values stream in fewer
+        bytes than bfloat16 ones). False, and nothing changes, where the weight is not blocks, or where this
+        build of the kernel has no block formats."""
         kernel = load_packed_linear()
         if kernel is None or kernel.blocks is None or self.scales is not None:
             return False
-        blocks = pack_blocks(self.weight.data, kernel.panel)
+        bfloat16 = bfloat16 and kernel.blocks_bf16 is not None
+        blocks = pack_blocks(self.weight.data, kernel.panel, bfloat16_inputs=bfloat16)
         if blocks is None:
             return False
         self.panel_weight, self.weight = blocks, None
+        self.bfloat16_inputs = bfloat16 and blocks.shape[2] == Q4_BYTES * kernel.panel
         return True
 
     @property
@@ -135,7 +142,7 @@ class MergedLinear(nn.Module):
             if self.scales is not None:
                 y = kernel.int8(rows, self.panel_weight, self.scales)
             elif self.in_blocks:
-                y = kernel.blocks(rows, self.panel_weight)
+                y = (kernel.blocks_bf16 if self.bfloat16_inputs else kernel.blocks)(rows, self.panel_weight)
             elif self.panel_weight.dtype == torch.bfloat16:
                 y = kernel.bfloat16(rows, self.panel_weight)
             else:

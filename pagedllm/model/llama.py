@@ -112,7 +112,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = parallel_lm_head(config.vocab_size, config.hidden_size, tp)
             if self.tie_word_embeddings and self.embed_tokens is not None:
                 self.lm_head.weight = self.embed_tokens.weight
-        # Greedy tokens without every logit where the loader could build it (greedy_head.py): CPU, float32, one rank.
+        # Greedy tokens without every logit where the loader could build it (greedy_head.py): CPU, float32
+        # activations, one rank.
         self.greedy_head: Optional[GreedyHead] = None
         self.requires_grad_(False)
 

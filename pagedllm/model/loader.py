@@ -95,18 +95,20 @@ def load_model(model_config: ModelConfig, device: str, parallel: ParallelContext
 
 
 def _pack_for_cpu(linears: list[MergedLinear], bfloat16: bool) -> None:
-    """int8 weights take the panel kernel, which converts them as it streams them; so do float32 ones rounded
-    to bfloat16 where the model's dtype is bfloat16 (ModelConfig.activation_dtype), and float32 ones that are
+    """int8 weights take the panel kernel, which converts them as it streams them; so do float32 ones that are
     exactly 4- or 8-bit blocks (a GGUF file's), which it decodes as it streams them, to the same values, from a
     fifth or a quarter of the bytes (the fastest at decode by far, and as fast as float32 panels at prefill,
-    which decode each panel once), unless PAGEDLLM_LINEAR_BACKEND names another backend; the other float32
-    weights take the backend measured fastest on this CPU for their shape."""
+    which decode each panel once), unless PAGEDLLM_LINEAR_BACKEND names another backend; where the model's
+    dtype is bfloat16 (ModelConfig.activation_dtype), 4-bit blocks multiply inputs rounded to bfloat16 where
+    the CPU has AVX512_BF16 (MergedLinear.pack_blocks), and the other float32 weights are rounded to bfloat16
+    and take the panel kernel too. The remaining float32 weights take the backend measured fastest on this CPU
+    for their shape."""
     for module in linears:
         if module.scales is not None:
             module.pack_panels()
     blocks = panels_unless_overridden()
-    float32 = [m for m in linears if m.scales is None
-               and not (m.pack_panels(bfloat16=True) if bfloat16 else blocks and m.pack_blocks())]
+    float32 = [m for m in linears if m.scales is None and not (blocks and m.pack_blocks(bfloat16))
+               and not (bfloat16 and m.pack_panels(bfloat16=True))]
     if bfloat16 and float32:
         logger.warning("%d linear layers stay float32 under dtype=bfloat16: the panel kernel cannot take them (no "
                        "C compiler, or an output size that is not whole panels).", len(float32))

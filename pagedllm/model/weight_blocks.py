@@ -10,23 +10,26 @@ bfloat16 rounding) stays float32.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
 import torch
 
 BLOCK = 32  # weights of a row per block, as in GGUF
+Q4_BYTES = 20  # a 4-bit block's bytes per output column: d and m (float16), 32 codes of 4 bits
 _NEIGHBOURS = (0, 1, -1, 2, -2)  # float16 steps from the first guess of d that are tried
 
 
-def pack_blocks(weight: torch.Tensor, panel: int) -> Optional[torch.Tensor]:
+def pack_blocks(weight: torch.Tensor, panel: int, bfloat16_inputs: bool = False) -> Optional[torch.Tensor]:
     """The float32 weight [out, in] as 4-bit blocks, else as 8-bit blocks, packed [out / panel, in / BLOCK,
     block bytes] in the layout packed_linear.c reads; None where it is exactly neither (or out is not whole
-    panels, or in not whole blocks)."""
+    panels, or in not whole blocks). With `bfloat16_inputs`, 4-bit codes are laid out for the kernel that
+    multiplies them with inputs rounded to bfloat16 (packed_linear_blocks_bf16)."""
     out, k = weight.shape
     if weight.dtype != torch.float32 or out % panel or k % BLOCK:
         return None
     blocks = weight.reshape(out, k // BLOCK, BLOCK)
-    for find, pack in ((_q4, _pack_q4), (_q8, _pack_q8)):
+    for find, pack in ((_q4, functools.partial(_pack_q4, bfloat16_inputs=bfloat16_inputs)), (_q8, _pack_q8)):
         # The first row alone first: a weight that is not blocks (a float32 checkpoint's) is refused at the cost
         # of one row, not of trying every candidate d on all of it (1.2-1.6 s for a 49152 x 576 weight).
         if find(blocks[:1]) is None:
@@ -85,15 +88,23 @@ def _search(guess: torch.Tensor, encode: Callable[[torch.Tensor], torch.Tensor],
     return None
 
 
-def _pack_q4(panel: int, d: torch.Tensor, m: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Per panel and block: the panel's d, its m (float16), then per pair of steps of k the panel's codes, the
-    first step's in the low half of each byte."""
+def _pack_q4(panel: int, d: torch.Tensor, m: torch.Tensor, q: torch.Tensor, bfloat16_inputs: bool) -> torch.Tensor:
+    """Per panel and block: the panel's d, its m (float16), then the panel's codes: per pair of steps of k, a
+    byte per column with the first step's code in its low half; or, for `bfloat16_inputs`, per group of four
+    pairs (i = 4 g + s), a 32-bit word per column with pair i's first code at bit 4 s and its second at bit
+    16 + 4 s, so that shifting a word by 4 s and masking gives the pair as two 16-bit integers."""
     out, blocks = d.shape
     codes = q.view(out, blocks, BLOCK // 2, 2)
-    codes = codes[..., 0] | (codes[..., 1] << 4)  # [out, blocks, 16]
+    if bfloat16_inputs:
+        pairs = codes.view(out, blocks, BLOCK // 8, 4, 2).to(torch.int64)
+        shifts = 4 * torch.arange(4)
+        words = (pairs[..., 0] << shifts) | (pairs[..., 1] << (shifts + 16))
+        words = words[..., 0] | words[..., 1] | words[..., 2] | words[..., 3]  # [out, blocks, groups], 32 bits
+        packed_codes = _by_panel(words.to(torch.int32).view(torch.uint8).view(out, blocks, BLOCK // 8, 4), panel)
+    else:
+        packed_codes = _by_panel((codes[..., 0] | (codes[..., 1] << 4)).unsqueeze(-1), panel)
     return torch.cat([_by_panel(d.view(torch.uint8).view(out, blocks, 1, 2), panel),
-                      _by_panel(m.view(torch.uint8).view(out, blocks, 1, 2), panel),
-                      _by_panel(codes.unsqueeze(-1), panel)], dim=-1).contiguous()
+                      _by_panel(m.view(torch.uint8).view(out, blocks, 1, 2), panel), packed_codes], dim=-1).contiguous()
 
 
 def _pack_q8(panel: int, d: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
