@@ -524,12 +524,16 @@ DEFINE_BLOCK_LINEAR(block_linear_q8, Q8_BLOCK_BYTES, tile_q8, decode_q8)
  * the code in the low mantissa bits); m - 128 d takes the 128 back. Each row's sums take the same steps whatever
  * the rows beside it.
  *
- * The default model's linears on an AMD Zen 4, one invocation each, weights streamed from memory: against the
- * float32 products of the same blocks, 0.46-0.67x the time at one row (layer by layer), 0.48-0.84x at 4 and 8
- * rows, 0.58-0.90x at 256; a decode step's linears at one row streamed their 96 MB at the rate of a plain sum. */
+ * The default model's layer shapes on an AMD Zen 4, 30 weights of each streamed from memory in turn, against the
+ * float32 products of the same blocks: 0.56-0.67x the time at one row, 0.47-0.83x at 4 and 8 rows, 0.60-0.79x at
+ * 64 and 256. In a decode step, after the LM head and the engine's own work between steps, a one-row replay of
+ * the 30 layers (linears, attention and element-wise steps) took 3.0-3.4 ms against 3.6-3.7 ms: bound by the
+ * memory there, the linears read their 66 MB at about 26 GB/s, where a plain sum streams 47-58 GB/s. */
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define BF16_TILE_ROWS 12 /* 12 rows by one column vector: 24 sums in registers */
-#define BF16_TILE_VECTORS (2 * PANEL_VECS) /* one row by two panels */
+/* One row takes two panels at once: three and four measured level at one row (a decode step's layers, AMD Zen 4). */
+#define BF16_ONE_ROW_PANELS 2
+#define BF16_TILE_VECTORS (BF16_ONE_ROW_PANELS * PANEL_VECS)
 
 int64_t bf16_block_formats(void) { return 1; }
 
@@ -611,10 +615,10 @@ static void *rounded_rows_buffer(int64_t bytes) {
 /* One tile of `rows` rows by `vectors` column vectors, each shape its own specialization (sums in registers):
  * one row takes two panels' six vectors (six chains of dot products to cover their latency), two to four rows
  * a panel's three, more rows one vector at a time. */
-#define BF16_TILE_CASE(n, v) case (n) * 8 + (v): tile_q4_bf16(xp, xs, w, panel_bytes, out, n_out, k_in, n, v, first); break;
+#define BF16_TILE_CASE(n, v) case (n) * 16 + (v): tile_q4_bf16(xp, xs, w, panel_bytes, out, n_out, k_in, n, v, first); break;
 static void bf16_tile(const uint32_t *xp, const float *xs, const uint8_t *w, int64_t panel_bytes, float *out,
                       int64_t n_out, int64_t k_in, int rows, int vectors, int first) {
-    switch (rows * 8 + vectors) {
+    switch (rows * 16 + vectors) {
     BF16_TILE_CASE(1, 6) BF16_TILE_CASE(1, 3) BF16_TILE_CASE(2, 3) BF16_TILE_CASE(3, 3) BF16_TILE_CASE(4, 3)
     BF16_TILE_CASE(5, 1) BF16_TILE_CASE(6, 1) BF16_TILE_CASE(7, 1) BF16_TILE_CASE(8, 1) BF16_TILE_CASE(9, 1)
     BF16_TILE_CASE(10, 1) BF16_TILE_CASE(11, 1) BF16_TILE_CASE(12, 1)
@@ -640,7 +644,7 @@ void packed_linear_blocks_bf16(const float *x, const uint8_t *w, float *out, int
         for (int64_t c = 0; c < row_chunks(rows); c++) {
             const int64_t start = c * CHUNK_ROWS, end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
             int64_t p, taken;
-            while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(), end - start == 1 ? 2 : 1,
+            while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(), end - start == 1 ? BF16_ONE_ROW_PANELS : 1,
                                          &taken)) >= 0) {
                 const uint8_t *panel = w + p * panel_bytes;
                 if (end - start <= 4) {
