@@ -528,7 +528,7 @@ DEFINE_BLOCK_LINEAR(block_linear_q8, Q8_BLOCK_BYTES, tile_q8, decode_q8)
  * float32 products of the same blocks: 0.56-0.67x the time at one row, 0.47-0.83x at 4 and 8 rows, 0.60-0.79x at
  * 64 and 256. In a decode step, after the LM head and the engine's own work between steps, a one-row replay of
  * the 30 layers (linears, attention and element-wise steps) took 3.0-3.4 ms against 3.6-3.7 ms: bound by the
- * memory there, the linears read their 66 MB at about 26 GB/s, where a plain sum streams 47-58 GB/s. */
+ * memory there, the linears read their 66 MB at 22-26 GB/s where a plain sum between replays streamed 30-33. */
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define BF16_TILE_ROWS 12 /* 12 rows by one column vector: 24 sums in registers */
 /* One row takes two panels at once: three and four measured level at one row (a decode step's layers, AMD Zen 4). */
