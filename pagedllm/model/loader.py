@@ -109,6 +109,11 @@ def _pack_for_cpu(linears: list[MergedLinear], bfloat16: bool) -> None:
     blocks = panels_unless_overridden()
     float32 = [m for m in linears if m.scales is None and not (blocks and m.pack_blocks(bfloat16))
                and not (bfloat16 and m.pack_panels(bfloat16=True))]
+    in_blocks = [m for m in linears if m.in_blocks]
+    if bfloat16 and in_blocks:
+        logger.info("dtype=bfloat16: %d linear weights stay the GGUF's blocks (fewer bytes than bfloat16 weights); "
+                    "%d of them multiply inputs rounded to bfloat16 (4-bit blocks, where the CPU has AVX512_BF16), "
+                    "the others keep float32 products.", len(in_blocks), sum(m.bfloat16_inputs for m in in_blocks))
     if bfloat16 and float32:
         logger.warning("%d linear layers stay float32 under dtype=bfloat16: the panel kernel cannot take them (no "
                        "C compiler, or an output size that is not whole panels).", len(float32))
