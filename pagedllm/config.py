@@ -451,9 +451,9 @@ def _check_quantization(quantization: Optional[str], model_format: str, device: 
     if model_format != "gguf":
         raise ValueError("quantization='gguf' needs a GGUF model file; this model is a Hugging Face folder.")
     if device != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"quantization='gguf' runs a GGUF file's blocks on CPU in float32 or bfloat16, not on device={device!r} "
-                         f"with dtype={str(dtype).replace('torch.', '')!r}; leave quantization unset to run the "
-                         "weights dequantized.")
+        raise ValueError(f"quantization='gguf' runs a GGUF file's blocks on CPU in float32 or bfloat16, not on "
+                         f"device={device!r} with dtype={str(dtype).replace('torch.', '')!r}; leave quantization "
+                         "unset to run the weights dequantized.")
 
 
 def _check_load_format(load_format: str, model_format: str) -> None:

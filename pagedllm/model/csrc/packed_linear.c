@@ -540,10 +540,10 @@ int64_t bf16_block_formats(void) { return 1; }
 /* rows (at most BF16_TILE_ROWS) of bfloat16 pairs xp [rows][k_in / 2] with their block sums xs [rows][k_in /
  * BLOCK_K], times `vectors` column vectors of 4-bit blocks, from vector `first` of the panel at w on (PANEL_VECS
  * a panel, panels panel_bytes apart), into out's columns of those vectors. */
-static inline __attribute__((always_inline)) void tile_q4_bf16(const uint32_t *xp, const float *xs, const uint8_t *w,
-                                                                int64_t panel_bytes, float *out, int64_t n_out,
-                                                                int64_t k_in, const int rows, const int vectors,
-                                                                const int first) {
+static inline __attribute__((always_inline)) void tile_q4_bf16(const uint32_t *xp, const float *xs,
+                                                                const uint8_t *w, int64_t panel_bytes, float *out,
+                                                                int64_t n_out, int64_t k_in, const int rows,
+                                                                const int vectors, const int first) {
     __m512 sums[BF16_TILE_ROWS][BF16_TILE_VECTORS], dots[BF16_TILE_ROWS][BF16_TILE_VECTORS];
     const int64_t pairs = k_in / 2, blocks = k_in / BLOCK_K;
     const uint8_t *base[BF16_TILE_VECTORS];
@@ -560,20 +560,24 @@ static inline __attribute__((always_inline)) void tile_q4_bf16(const uint32_t *x
             __m512i codes[BF16_TILE_VECTORS];
             for (int v = 0; v < vectors; v += PANEL_VECS)
                 for (int line = 0; line < Q4_BLOCK_BYTES / 4; line += 64)
-                    __builtin_prefetch(base[v] + b * Q4_BLOCK_BYTES + g * (Q4_BLOCK_BYTES / 4) + line + PREFETCH_BYTES, 0, 1);
+                    __builtin_prefetch(base[v] + (b * 4 + g) * (Q4_BLOCK_BYTES / 4) + line + PREFETCH_BYTES, 0, 1);
             for (int v = 0; v < vectors; v++)
-                codes[v] = _mm512_loadu_si512(base[v] + b * Q4_BLOCK_BYTES + 4 * PANEL + (g * PANEL + column[v]) * 4);
+                codes[v] =
+                    _mm512_loadu_si512(base[v] + b * Q4_BLOCK_BYTES + 4 * PANEL + (g * PANEL + column[v]) * 4);
             for (int s = 0; s < 4; s++)
                 for (int v = 0; v < vectors; v++) {
                     const __m512bh q = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi32(codes[v], 4 * s),
                         _mm512_set1_epi32(0x000f000f), _mm512_set1_epi32(0x43004300), 0xea);
-                    for (int r = 0; r < rows; r++)
-                        dots[r][v] = _mm512_dpbf16_ps(dots[r][v], q, (__m512bh)_mm512_set1_epi32((int)xp[r * pairs + 4 * g + s]));
+                    for (int r = 0; r < rows; r++) {
+                        const __m512bh x_pair = (__m512bh)_mm512_set1_epi32((int)xp[r * pairs + 4 * g + s]);
+                        dots[r][v] = _mm512_dpbf16_ps(dots[r][v], q, x_pair);
+                    }
                 }
         }
         for (int v = 0; v < vectors; v++) {
             const uint16_t *scale = (const uint16_t *)(base[v] + b * Q4_BLOCK_BYTES) + column[v];
-            const __m512 d = (__m512)load_f16(scale), offset = _mm512_fmadd_ps(d, _mm512_set1_ps(-128), (__m512)load_f16(scale + PANEL));
+            const __m512 d = (__m512)load_f16(scale);
+            const __m512 offset = _mm512_fmadd_ps(d, _mm512_set1_ps(-128), (__m512)load_f16(scale + PANEL));
             for (int r = 0; r < rows; r++) {
                 sums[r][v] = _mm512_fmadd_ps(d, dots[r][v], sums[r][v]);
                 sums[r][v] = _mm512_fmadd_ps(offset, _mm512_set1_ps(xs[r * blocks + b]), sums[r][v]);
@@ -615,7 +619,8 @@ static void *rounded_rows_buffer(int64_t bytes) {
 /* One tile of `rows` rows by `vectors` column vectors, each shape its own specialization (sums in registers):
  * one row takes two panels' six vectors (six chains of dot products to cover their latency), two to four rows
  * a panel's three, more rows one vector at a time. */
-#define BF16_TILE_CASE(n, v) case (n) * 16 + (v): tile_q4_bf16(xp, xs, w, panel_bytes, out, n_out, k_in, n, v, first); break;
+#define BF16_TILE_CASE(n, v) \
+    case (n) * 16 + (v): tile_q4_bf16(xp, xs, w, panel_bytes, out, n_out, k_in, n, v, first); break;
 static void bf16_tile(const uint32_t *xp, const float *xs, const uint8_t *w, int64_t panel_bytes, float *out,
                       int64_t n_out, int64_t k_in, int rows, int vectors, int first) {
     switch (rows * 16 + vectors) {
@@ -644,12 +649,12 @@ void packed_linear_blocks_bf16(const float *x, const uint8_t *w, float *out, int
         for (int64_t c = 0; c < row_chunks(rows); c++) {
             const int64_t start = c * CHUNK_ROWS, end = start + CHUNK_ROWS < rows ? start + CHUNK_ROWS : rows;
             int64_t p, taken;
-            while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(), end - start == 1 ? BF16_ONE_ROW_PANELS : 1,
-                                         &taken)) >= 0) {
+            const int64_t most = end - start == 1 ? BF16_ONE_ROW_PANELS : 1;
+            while ((p = work_shares_next(shares + c * threads, threads, omp_get_thread_num(), most, &taken)) >= 0) {
                 const uint8_t *panel = w + p * panel_bytes;
                 if (end - start <= 4) {
-                    bf16_tile(xp + start * pairs, xs + start * blocks, panel, panel_bytes, out + start * n_out + p * PANEL,
-                              n_out, k_in, end - start, taken * PANEL_VECS, 0);
+                    bf16_tile(xp + start * pairs, xs + start * blocks, panel, panel_bytes,
+                              out + start * n_out + p * PANEL, n_out, k_in, end - start, taken * PANEL_VECS, 0);
                     continue;
                 }
                 /* Tiles as even as can be, sizes one apart (as panel_rows'). */
@@ -657,8 +662,8 @@ void packed_linear_blocks_bf16(const float *x, const uint8_t *w, float *out, int
                 const int64_t small = (end - start) / tiles, large = (end - start) % tiles;
                 for (int j = 0; j < PANEL_VECS; j++)
                     for (int64_t m = start, t = 0; t < tiles; m += small + (t < large), t++)
-                        bf16_tile(xp + m * pairs, xs + m * blocks, panel, panel_bytes, out + m * n_out + p * PANEL, n_out,
-                                  k_in, small + (t < large), 1, j);
+                        bf16_tile(xp + m * pairs, xs + m * blocks, panel, panel_bytes, out + m * n_out + p * PANEL,
+                                  n_out, k_in, small + (t < large), 1, j);
             }
         }
     }
