@@ -524,11 +524,12 @@ DEFINE_BLOCK_LINEAR(block_linear_q8, Q8_BLOCK_BYTES, tile_q8, decode_q8)
  * the code in the low mantissa bits); m - 128 d takes the 128 back. Each row's sums take the same steps whatever
  * the rows beside it.
  *
- * The default model's layer shapes on an AMD Zen 4, 30 weights of each streamed from memory in turn, against the
- * float32 products of the same blocks: 0.56-0.67x the time at one row, 0.47-0.83x at 4 and 8 rows, 0.60-0.79x at
- * 64 and 256. In a decode step, after the LM head and the engine's own work between steps, a one-row replay of
- * the 30 layers (linears, attention and element-wise steps) took 3.0-3.4 ms against 3.6-3.7 ms: bound by the
- * memory there, the linears read their 66 MB at 22-26 GB/s where a plain sum between replays streamed 30-33. */
+ * A decode step's 120 4-bit layers of the default model's shapes, replayed from memory on an AMD Zen 4
+ * (benchmarks/block_kernels.py): 0.83x the time of float32 products at one row (1.24x a plain streaming read of
+ * their 66 MB, against 1.49x), 0.52-0.53x at 4 and 8 rows, 0.63x at 64, 0.72x at 256 (where each dot product
+ * instruction takes about a cycle, as a multiply-add does, and a block's scaling adds two multiply-adds to its 16).
+ * In a decode step of the engine, a one-row replay of the 30 layers (linears, attention and element-wise
+ * steps) took 3.0-3.4 ms against 3.6-3.7 ms. */
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define BF16_TILE_ROWS 12 /* 12 rows by one column vector: 24 sums in registers */
 /* One row takes two panels at once: three and four measured level at one row (a decode step's layers, AMD Zen 4). */
