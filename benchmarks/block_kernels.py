@@ -4,11 +4,14 @@ bfloat16 on a CPU with AVX512_BF16: the input rounded to bfloat16, AVX512_BF16's
 
     python benchmarks/block_kernels.py
     python benchmarks/block_kernels.py --rows 1,4,8,64,256 --repeats 10
+    python benchmarks/block_kernels.py --baseline HEAD~1   # and HEAD~1's block kernel, built beside this one
 
 For each row count, one decode step's layers (30 layers of four weights, 66 MB of blocks, each weight streamed
 from memory in turn) with each product, replayed as a CPU graph replays them (plan.c, no Python between the
 calls), taking turns with a streaming read of the same bytes, each keeping its least time; the figures are
-bfloat16's time over float32's and each one's time over the streaming read's.
+bfloat16's time over float32's and each one's time over the streaming read's. Where the CPU has no AVX512_BF16,
+float32 products alone. `--baseline REV` also times that git revision's block kernel (float32 products), built
+with the same flags, and gives this checkout's time over it.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from gguf import GGMLQuantizationType  # noqa: E402
 from gguf.quants import dequantize, quantize  # noqa: E402
 
 from benchmarks.common import machine_info, write_result  # noqa: E402
+from benchmarks.kernel_revisions import build, revision_sources  # noqa: E402
 from benchmarks.linear_kernels import LAYER_SHAPES, LAYERS, _least  # noqa: E402
 from benchmarks.machine_limits import cpu_flags  # noqa: E402
 from pagedllm.model import cpu_kernels  # noqa: E402
@@ -59,32 +63,45 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default="1,4,8,64,256", help="row counts, comma-separated")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--baseline", default=None, metavar="REV", help="also time this git revision's block kernel")
     parser.add_argument("--output", default=None, help="JSON file (default: benchmarks/results/block_kernels-<time>.json)")
     args = parser.parse_args(argv)
     kernels = cpu_kernels.load_packed_linear()
-    if kernels is None or kernels.blocks is None or kernels.blocks_bf16 is None:
-        raise SystemExit("This CPU's build of the panel kernel has no bfloat16 block products (they need AVX512_BF16).")
+    if kernels is None or kernels.blocks is None:
+        raise SystemExit("This CPU's build of the panel kernel has no block products (they need AVX2, F16C).")
     dense = [_q4_weight(out, k, seed) for seed, (out, k) in enumerate(LAYER_SHAPES * LAYERS)]
     float32 = [pack_blocks(w, kernels.panel) for w in dense]
-    bfloat16 = [pack_blocks(w, kernels.panel, bfloat16_inputs=True) for w in dense]
+    products = {"float32": (kernels.blocks, float32)}
+    if kernels.blocks_bf16 is not None:
+        products["bfloat16"] = (kernels.blocks_bf16,
+                                [pack_blocks(w, kernels.panel, bfloat16_inputs=True) for w in dense])
+    if args.baseline:
+        baseline = cpu_kernels.packed_linear(build(revision_sources(args.baseline), "packed_linear.c"))
+        products[f"float32@{args.baseline}"] = (baseline.blocks, float32)
     weight_bytes = sum(w.numel() for w in float32)
     result: dict[str, Any] = {"machine": {**machine_info(), "cpu_flags": cpu_flags(),
-                                          "threads": torch.get_num_threads()}, "weight_bytes": weight_bytes}
+                                          "threads": torch.get_num_threads()}, "weight_bytes": weight_bytes,
+                              "baseline": args.baseline}
     with torch.inference_mode():
         buffer = torch.ones(weight_bytes // 4)  # streamed (summed) in turn with the steps: the same conditions
         for rows in (int(r) for r in args.rows.split(",")):
             inputs = {k: torch.randn(rows, k) for _, k in LAYER_SHAPES}
-            times = _least({"float32": _step(kernels.blocks, float32, inputs),
-                            "bfloat16": _step(kernels.blocks_bf16, bfloat16, inputs), "stream": buffer.sum},
-                           args.repeats)
+            steps = {name: _step(kernel, weights, inputs) for name, (kernel, weights) in products.items()}
+            times = _least({**steps, "stream": buffer.sum}, args.repeats)
             stream = times.pop("stream")
-            result[f"{rows}_rows"] = {"ms": {name: round(t * 1e3, 3) for name, t in times.items()},
-                                      "vs_stream": {name: round(t / stream, 3) for name, t in times.items()},
-                                      "stream_bytes_per_s": round(weight_bytes / stream),
-                                      "bfloat16_vs_float32": round(times["bfloat16"] / times["float32"], 3)}
-            print(f"{rows} row(s): float32 products {times['float32'] * 1e3:.2f} ms, bfloat16 inputs "
-                  f"{times['bfloat16'] * 1e3:.2f} ms = {times['bfloat16'] / times['float32']:.2f}x; the streaming "
-                  f"read {stream * 1e3:.2f} ms ({weight_bytes / stream / 1e9:.1f} GB/s)", flush=True)
+            row = result[f"{rows}_rows"] = {"ms": {name: round(t * 1e3, 3) for name, t in times.items()},
+                                            "vs_stream": {name: round(t / stream, 3) for name, t in times.items()},
+                                            "stream_bytes_per_s": round(weight_bytes / stream)}
+            line = (f"{rows} row(s): float32 products {times['float32'] * 1e3:.2f} ms "
+                    f"({times['float32'] / stream:.2f}x the read)")
+            if "bfloat16" in times:
+                row["bfloat16_vs_float32"] = round(times["bfloat16"] / times["float32"], 3)
+                line += f"; bfloat16 inputs {times['bfloat16'] * 1e3:.2f} ms = {row['bfloat16_vs_float32']:.2f}x"
+            if args.baseline:
+                row["float32_vs_baseline"] = round(times["float32"] / times[f"float32@{args.baseline}"], 3)
+                line += f"; {row['float32_vs_baseline']:.3f}x {args.baseline}'s time"
+            print(f"{line}; the streaming read {stream * 1e3:.2f} ms ({weight_bytes / stream / 1e9:.1f} GB/s)",
+                  flush=True)
     print(f"wrote {write_result(result, args.output, 'block_kernels')}")
     return result
 
