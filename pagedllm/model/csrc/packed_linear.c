@@ -355,6 +355,18 @@ void packed_linear_bf16(const float *x, const uint16_t *w, float *out, int64_t r
  * decode step's linears at 5 and 6 rows 0.70x and 0.82x the time of decoding each panel once into a buffer,
  * at 7 rows level, at 8 rows 1.18x; the AVX2 build, run there, level at 4 rows). */
 #define BLOCK_ROWS (TILE_ROWS - 2)
+/* Whether each block of a direct tile prefetches its panel PREFETCH_BYTES ahead. With AVX2 on a 2-core AMD Zen 3
+ * (interleaved with the kernel without it, benchmarks/block_kernels.py --baseline, seven invocations), a one-row
+ * decode step's 4-bit layers took 0.90-0.97x the time in six (1.01x in the seventh), two to six rows 0.85-1.03x;
+ * the default model's Q8_0 LM head at one row 0.77-0.95x in four. The layers there are bound by the multiply-adds
+ * (two a weight vector: its decoding and its product), about 11 G weights a second per core whether they come
+ * from memory or from the L3 cache, and huge pages for them measured level. With AVX-512 on an AMD Zen 4 it
+ * measured level or slower. */
+#if defined(__AVX512F__)
+#define BLOCK_PREFETCH 0
+#else
+#define BLOCK_PREFETCH 1
+#endif
 /* Rows done as tiles that each decode the panel anew, not through the buffer: on an AMD Zen 4, the default model's
  * linears took 0.82-0.85x the time at 7 and 8 rows (two tiles) and 0.93x at 10, but 1.12x at 12 and 16; the
  * AVX2 build, run there, 0.84-0.88x at 5 rows, level at 6, 1.12-1.2x at 7 and 8. Outputs are the same either way. */
@@ -456,8 +468,12 @@ int64_t block_formats(void) { return 1; }
         vec sums[BLOCK_ROWS][PANEL_VECS];                                                                  \
         for (int r = 0; r < rows; r++)                                                                     \
             for (int j = 0; j < PANEL_VECS; j++) sums[r][j] = (vec){0};                                    \
-        for (int64_t first = 0; first < k_in; first += BLOCK_K)                                            \
+        for (int64_t first = 0; first < k_in; first += BLOCK_K) {                                          \
+            if (BLOCK_PREFETCH)                                                                            \
+                for (int line = 0; line < (BLOCK_BYTES); line += 64)                                       \
+                    __builtin_prefetch(panel + first / BLOCK_K * (BLOCK_BYTES) + line + PREFETCH_BYTES, 0, 1); \
             FOR_WEIGHTS(panel + first / BLOCK_K * (BLOCK_BYTES), ADD_TO_SUMS)                              \
+        }                                                                                                  \
         for (int r = 0; r < rows; r++)                                                                     \
             for (int j = 0; j < PANEL_VECS; j++) *(vec *)(out + r * n_out + j * VEC) = sums[r][j];         \
     }
