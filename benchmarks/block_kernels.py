@@ -77,6 +77,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                 [pack_blocks(w, kernels.panel, bfloat16_inputs=True) for w in dense])
     if args.baseline:
         baseline = cpu_kernels.packed_linear(build(revision_sources(args.baseline), "packed_linear.c"))
+        if baseline.blocks is None:
+            raise SystemExit(f"--baseline {args.baseline}: that revision's panel kernel has no block products.")
         products[f"float32@{args.baseline}"] = (baseline.blocks, float32)
     weight_bytes = sum(w.numel() for w in float32)
     result: dict[str, Any] = {"machine": {**machine_info(), "cpu_flags": cpu_flags(),

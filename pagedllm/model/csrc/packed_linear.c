@@ -469,10 +469,11 @@ int64_t block_formats(void) { return 1; }
         for (int r = 0; r < rows; r++)                                                                     \
             for (int j = 0; j < PANEL_VECS; j++) sums[r][j] = (vec){0};                                    \
         for (int64_t first = 0; first < k_in; first += BLOCK_K) {                                          \
+            const uint8_t *block = panel + first / BLOCK_K * (BLOCK_BYTES);                                \
             if (BLOCK_PREFETCH)                                                                            \
                 for (int line = 0; line < (BLOCK_BYTES); line += 64)                                       \
-                    __builtin_prefetch(panel + first / BLOCK_K * (BLOCK_BYTES) + line + PREFETCH_BYTES, 0, 1); \
-            FOR_WEIGHTS(panel + first / BLOCK_K * (BLOCK_BYTES), ADD_TO_SUMS)                              \
+                    __builtin_prefetch(block + line + PREFETCH_BYTES, 0, 1);                               \
+            FOR_WEIGHTS(block, ADD_TO_SUMS)                                                                \
         }                                                                                                  \
         for (int r = 0; r < rows; r++)                                                                     \
             for (int j = 0; j < PANEL_VECS; j++) *(vec *)(out + r * n_out + j * VEC) = sums[r][j];         \
