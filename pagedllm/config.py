@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -42,13 +43,13 @@ class ModelConfig:
     task: str  # resolved: "generate" or one of the pooling tasks
     enforce_eager: bool  # no decode graphs (worker/cpu_graph.py on CPU, worker/cuda_graph.py on CUDA)
     pooler_config: Any = None  # a pooling model's PoolerConfig (pagedllm/pooling/config.py); None to generate
+    enable_sleep_mode: bool = False  # sleep() / wake_up() may release and restore weights and KV cache
+    cuda_graph_sizes: tuple[int, ...] = (512,)  # as vLLM reads them (worker/graph_dispatch.py)
 
     @property
     def runner_type(self) -> str:
         """"pooling" for embedding, classification, score and reward models, else "generate"."""
         return "generate" if self.pooler_config is None else "pooling"
-    enable_sleep_mode: bool = False  # sleep() / wake_up() may release and restore weights and KV cache
-    cuda_graph_sizes: tuple[int, ...] = (512,)  # as vLLM reads them (worker/graph_dispatch.py)
 
     @property
     def vocab_size(self) -> int:
@@ -144,6 +145,15 @@ class EngineConfig:
     observability_config: ObservabilityConfig
     lora_config: Optional[LoRAConfig] = None
     speculative_config: Optional[SpeculativeConfig] = None
+
+    def for_worker_processes(self) -> EngineConfig:
+        """This config as worker processes receive it: the model's transformers config as plain attributes.
+        Unpickling a transformers config class imports transformers, about 4 s of CPU in each process, and the
+        workers read only its values (and `num_labels`, a property)."""
+        hf_config = self.model_config.hf_config
+        values = dict(vars(hf_config), num_labels=hf_config.num_labels)
+        model_config = dataclasses.replace(self.model_config, hf_config=types.SimpleNamespace(**values))
+        return dataclasses.replace(self, model_config=model_config)
 
 
 _HELP = {

@@ -21,7 +21,8 @@ class MultiprocExecutor(ExecutorBase):
     def _init_executor(self) -> None:
         world_size = self.config.parallel_config.world_size
         address = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
-        self.workers = [WorkerProcess(self.config, rank, address) for rank in range(world_size)]
+        worker_config = self.config.for_worker_processes()
+        self.workers = [WorkerProcess(worker_config, rank, address) for rank in range(world_size)]
         self._failure: Optional[BaseException] = None
         self._finalizer = weakref.finalize(self, _stop_all, self.workers)
         self.collective_rpc("load_model")

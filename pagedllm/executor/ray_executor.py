@@ -68,8 +68,9 @@ class RayExecutor(ExecutorBase):
             raise RuntimeError(f"The Ray cluster found no room for {world_size} workers of {bundle} each within "
                                f"{PLACEMENT_TIMEOUT:.0f} s; its resources: {ray.cluster_resources()}.")
         actor_class = ray.remote(num_cpus=0 if on_gpu else 1, num_gpus=1 if on_gpu else 0)(RayWorkerWrapper)
+        worker_config = self.config.for_worker_processes()
         self.actors = [actor_class.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            self.placement_group, placement_group_bundle_index=rank)).remote(self.config, rank)
+            self.placement_group, placement_group_bundle_index=rank)).remote(worker_config, rank)
             for rank in range(world_size)]
         self._failure: Optional[BaseException] = None
         address = ray.get(self.actors[0].node_address.remote()) if world_size > 1 else None

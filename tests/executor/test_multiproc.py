@@ -82,6 +82,12 @@ def test_collective_rpc_runs_a_function_on_the_worker_process(mp_llm):
     assert pids == [w.pid for w in mp_llm.llm_engine.model_executor.workers] and pids[0] != os.getpid()
 
 
+def test_the_worker_process_runs_without_transformers(mp_llm):
+    """Workers get the model's config as plain values (EngineConfig.for_worker_processes): importing
+    transformers would cost each worker process seconds of start-up."""
+    assert mp_llm.collective_rpc(lambda worker: "transformers" in sys.modules) == [False]
+
+
 def test_an_exception_in_the_worker_fails_the_step_with_an_error_naming_the_worker(tiny_model_dir):
     llm = LLM(tiny_model_dir, distributed_executor_backend="mp")
     pid = llm.llm_engine.model_executor.workers[0].pid
