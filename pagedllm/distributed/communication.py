@@ -8,8 +8,10 @@ from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.distributed.shared_memory_reduce import SharedMemoryAllReduce
 
 
 class IntermediateTensors(NamedTuple):
@@ -23,14 +25,21 @@ class TensorParallelGroup:
     """The ranks of one pipeline stage, which hold slices of the same layers."""
 
     def __init__(self, rank: int = 0, size: int = 1, group: Optional[dist.ProcessGroup] = None,
-                 first_global_rank: int = 0) -> None:
+                 first_global_rank: int = 0, shared_memory: Optional[SharedMemoryAllReduce] = None) -> None:
         self.rank, self.size, self.group = rank, size, group
         self.first_global_rank = first_global_rank  # where gather() delivers
+        self.shared_memory = shared_memory  # float32 sums on CPU where all ranks share a machine
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of x over the group's ranks, in place."""
-        if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+        if self.size == 1:
+            return x
+        # Under a dispatch mode (a CPU graph's capture) the sum goes to torch.distributed, which the capture sees
+        # and refuses: a replay would leave out a call it cannot see.
+        if (self.shared_memory is not None and x.dtype == torch.float32 and x.device.type == "cpu"
+                and _get_current_dispatch_mode() is None):
+            return self.shared_memory(x)
+        dist.all_reduce(x, group=self.group)
         return x
 
     def gather(self, x: torch.Tensor) -> Optional[torch.Tensor]:

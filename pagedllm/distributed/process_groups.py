@@ -10,6 +10,7 @@ import torch.distributed as dist
 from pagedllm.distributed.communication import (SINGLE_PROCESS, ParallelContext, PipelineChannel,
                                                 TensorParallelGroup)
 from pagedllm.distributed.ranks import ParallelRanks
+from pagedllm.distributed.shared_memory_reduce import SharedMemoryAllReduce
 
 
 def init_distributed(ranks: ParallelRanks, init_method: str, device: Union[str, torch.device] = "cpu",
@@ -24,12 +25,16 @@ def init_distributed(ranks: ParallelRanks, init_method: str, device: Union[str, 
     dist.init_process_group(backend or ("nccl" if device.type == "cuda" else "gloo"), init_method=init_method,
                             rank=ranks.rank, world_size=ranks.world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    tp_group = None
+    tp_group, shared_memory = None, None
+    first_stage_rank = ranks.stage_ranks(ranks.pp_rank)[0]
     if ranks.tp_size > 1:
         # new_group is collective over the whole world: every worker creates every stage's group, in order.
         groups = [dist.new_group(ranks.stage_ranks(stage)) for stage in range(ranks.pp_size)]
         tp_group = groups[ranks.pp_rank]
-    tp = TensorParallelGroup(ranks.tp_rank, ranks.tp_size, tp_group, ranks.stage_ranks(ranks.pp_rank)[0])
+        if device.type == "cpu":
+            shared_memory = SharedMemoryAllReduce.create(tp_group, ranks.tp_rank, ranks.tp_size, first_stage_rank,
+                                                         timeout_s)
+    tp = TensorParallelGroup(ranks.tp_rank, ranks.tp_size, tp_group, first_stage_rank, shared_memory)
     previous_rank = None if ranks.is_first_stage else ranks.rank - ranks.tp_size
     next_rank = None if ranks.is_last_stage else ranks.rank + ranks.tp_size
     return ParallelContext(ranks, tp, PipelineChannel(previous_rank, next_rank, device))

@@ -14,6 +14,8 @@ so that a step's calls can be recorded and replayed from C (plan.c, worker/cpu_g
 - greedy_head.c: the greedy token of each row through the LM head from an int8 approximation of every logit
   with a bound on its error, computing exactly only the vocabulary panels the bounds cannot rule out
   (greedy_head.py); on CPUs with AVX512_VNNI.
+- shm_all_reduce.c: the sum of a tensor over the tensor-parallel ranks of one machine, through shared memory
+  (distributed/shared_memory_reduce.py); gloo's all-reduce took milliseconds, a decode step's compute.
 - packed_linear.c: linear layers over float32 or int8 weights packed in panels; faster than MKL at decode
   batch sizes, and PyTorch's own int8 matmul (`_weight_int8pack_mm`) measured 3.5 GFLOP/s on an AVX-512 CPU,
   40 times slower than its float32 matmul.
@@ -235,6 +237,19 @@ def load_row_max() -> Optional[Callable[[torch.Tensor], tuple[torch.Tensor, torc
         return values, indices
 
     return run
+
+
+def load_shm_all_reduce() -> Optional[Callable[..., int]]:
+    """shm_all_reduce.c's function, (segment, rank, world, slot_floats, generation, x, count, timeout_s) -> -1 or
+    the rank that did not arrive; None where the kernel cannot be built."""
+    library = _load("shm_all_reduce.c", {})
+    if library is None:
+        return None
+    function = library.shm_all_reduce
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64,
+                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
+    function.restype = ctypes.c_int64
+    return function
 
 
 class PackedLinear(NamedTuple):
