@@ -36,17 +36,15 @@ class SharedMemoryAllReduce:
     @classmethod
     def create(cls, group: dist.ProcessGroup, rank: int, world: int, first_global_rank: int,
                timeout_s: float) -> Optional[SharedMemoryAllReduce]:
-        """Collective over `group`: every rank builds it, or none does (no C compiler, or a rank that cannot
-        open the segment rank 0 made: it runs on another machine)."""
+        """Collective over `group`: every rank builds it, or none does (no C compiler, no room in /dev/shm, or
+        a rank that cannot open the segment rank 0 made: it runs on another machine)."""
         from pagedllm.model.cpu_kernels import load_shm_all_reduce
 
         reduce = load_shm_all_reduce() if os.path.isdir(_SHM_FOLDER) else None
         size = world * _LINE_BYTES + 2 * world * SLOT_FLOATS * 4
         path = [None]
         if rank == 0 and reduce is not None:
-            fd, path[0] = tempfile.mkstemp(prefix="pagedllm-all-reduce-", dir=_SHM_FOLDER)
-            os.ftruncate(fd, size)
-            os.close(fd)
+            path[0] = _allocate(size)
         dist.broadcast_object_list(path, src=first_global_rank, group=group)
         segment = _map(path[0], size) if path[0] is not None and reduce is not None else None
         mapped = [None] * world
@@ -72,13 +70,32 @@ class SharedMemoryAllReduce:
         return x
 
 
+def _allocate(size: int) -> Optional[str]:
+    """A new file of `size` bytes in /dev/shm, its memory reserved now (a page that cannot be had when first
+    written would kill the process); None where /dev/shm has no room or cannot be written."""
+    try:
+        fd, path = tempfile.mkstemp(prefix="pagedllm-all-reduce-", dir=_SHM_FOLDER)
+    except OSError:
+        return None
+    try:
+        os.posix_fallocate(fd, 0, size)
+        return path
+    except OSError:
+        os.unlink(path)
+        return None
+    finally:
+        os.close(fd)
+
+
 def _map(path: str, size: int) -> Optional[mmap.mmap]:
-    """The segment at `path`, mapped; None where this machine has no such file."""
+    """The segment at `path`, mapped; None where this machine has no such file (or it cannot be mapped)."""
     try:
         fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
+    except OSError:
         return None
     try:
         return mmap.mmap(fd, size)
+    except OSError:
+        return None
     finally:
         os.close(fd)

@@ -1,12 +1,14 @@
-"""The tensor-parallel collectives over gloo and shared memory, and how they meet CPU graph capture. (Pipeline sends and
-tensor-parallel groups within stages run in test_sharded_model.py's models.)"""
+"""The tensor-parallel collectives over gloo and shared memory, and how they meet CPU graph capture. (Pipeline
+sends and tensor-parallel groups within stages run in test_sharded_model.py's models.)"""
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
-from pagedllm.distributed import SINGLE_PROCESS, ParallelContext
-from pagedllm.distributed.shared_memory_reduce import SLOT_FLOATS
+from pagedllm.distributed import SINGLE_PROCESS, ParallelContext, shared_memory_reduce
+from pagedllm.distributed.shared_memory_reduce import SLOT_FLOATS, SharedMemoryAllReduce
 from pagedllm.worker.cpu_graph import CaptureRefused, _OnlyKernels
 from spawn import spawn_ranks
 
@@ -45,6 +47,14 @@ def _exercise_collectives(parallel: ParallelContext) -> None:
                                            for r in range(size)))
     # Other dtypes go through gloo.
     assert torch.equal(tp.all_reduce(torch.full((3,), rank + 1, dtype=torch.int64)), torch.full((3,), 6))
+
+    # Where one rank cannot map the segment (it runs on another machine), no rank uses one, and it is gone.
+    before = set(os.listdir("/dev/shm"))
+    if rank == 1:
+        shared_memory_reduce._map = lambda path, size: None
+    assert SharedMemoryAllReduce.create(tp.group, rank, size, 0, 60.0) is None
+    torch.distributed.barrier(group=tp.group)  # rank 0 has removed its file
+    assert not {name for name in set(os.listdir("/dev/shm")) - before if name.startswith("pagedllm-all-reduce-")}
 
 
 def test_tensor_parallel_collectives():
