@@ -19,12 +19,12 @@ import torch.distributed as dist
 # model, 4.7 MB, in five calls). The segment holds two slots per rank.
 SLOT_FLOATS = 1 << 18
 _SHM_FOLDER = "/dev/shm"
-_LINE_BYTES = 64
+_LINE_BYTES = 64  # each rank's arrival mark, one cache line (LINE_BYTES in csrc/shm_all_reduce.c)
 
 
 class SharedMemoryAllReduce:
-    """The float32 sums of one tensor-parallel group whose ranks share a machine; `create` builds it, or says
-    why not (None: the group keeps gloo's all-reduce)."""
+    """The float32 sums of one tensor-parallel group whose ranks share a machine; `create` builds it where it
+    can (elsewhere the group keeps gloo's all-reduce)."""
 
     def __init__(self, segment: mmap.mmap, rank: int, world: int, reduce: Callable[..., int],
                  timeout_s: float) -> None:
