@@ -141,17 +141,9 @@ def _gguf_read_once() -> Iterator[None]:
     take 20 s less of a 2-core machine."""
     import gguf
 
-    readers: dict = {}
-
-    def reader(path, *args, **kwargs):
-        if (path, args, tuple(kwargs.items())) not in readers:
-            readers[path, args, tuple(kwargs.items())] = gguf_reader(path, *args, **kwargs)
-        return readers[path, args, tuple(kwargs.items())]
-
-    gguf_reader = gguf.GGUFReader
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", reader)
-        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
+        patch.setattr(gguf, "GGUFReader", functools.cache(gguf.GGUFReader))
+        patch.setattr(gguf, "get_tensor_name_map", functools.cache(gguf.get_tensor_name_map))
         yield
 
 
