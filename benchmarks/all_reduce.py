@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 from typing import Any
@@ -24,7 +23,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from benchmarks.common import machine_info, write_result  # noqa: E402
-from pagedllm.distributed import ParallelRanks, destroy_distributed, init_distributed  # noqa: E402
+from pagedllm.distributed import ParallelRanks, destroy_distributed, free_port, init_distributed  # noqa: E402
 
 HIDDEN = 576  # SmolLM2-135M
 
@@ -67,10 +66,7 @@ def main() -> None:
     rows = [int(n) for n in args.rows.split(",")]
     results = mp.Manager().list()
     for world in (int(n) for n in args.ranks.split(",")):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(_rank_main, args=(world, port, rows, args.rounds, results), nprocs=world)
+        mp.spawn(_rank_main, args=(world, free_port(), rows, args.rounds, results), nprocs=world)
     print(f"{'ranks':>5} {'rows':>5} {'gloo us':>10} {'shm us':>10} {'ratio':>7}")
     for r in results:
         print(f"{r['ranks']:>5} {r['rows']:>5} {r['gloo_us']:>10.1f} {r['shared_memory_us']:>10.1f} "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Optional, Union
 
 import torch
@@ -11,6 +12,13 @@ from pagedllm.distributed.communication import (SINGLE_PROCESS, ParallelContext,
                                                 TensorParallelGroup)
 from pagedllm.distributed.ranks import ParallelRanks
 from pagedllm.distributed.shared_memory_reduce import SharedMemoryAllReduce
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now; the OS picks it, so parallel launches do not collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def init_distributed(ranks: ParallelRanks, init_method: str, device: Union[str, torch.device] = "cpu",

@@ -7,12 +7,12 @@ After a worker fails, the executor stops them all: the engine's state no longer 
 from __future__ import annotations
 
 import contextlib
-import socket
 import weakref
 from typing import Any, Callable, Iterator, Optional, Union
 
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.scheduler_output import SchedulerOutput
+from pagedllm.distributed.process_groups import free_port
 from pagedllm.executor.base import ExecutorBase
 from pagedllm.executor.worker_process import WorkerDiedError, WorkerProcess, encode_call, gather_replies
 
@@ -20,7 +20,7 @@ from pagedllm.executor.worker_process import WorkerDiedError, WorkerProcess, enc
 class MultiprocExecutor(ExecutorBase):
     def _init_executor(self) -> None:
         world_size = self.config.parallel_config.world_size
-        address = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
+        address = f"tcp://127.0.0.1:{free_port()}" if world_size > 1 else None
         worker_config = self.config.for_worker_processes()
         self.workers = [WorkerProcess(worker_config, rank, address) for rank in range(world_size)]
         self._failure: Optional[BaseException] = None
@@ -81,9 +81,3 @@ class MultiprocExecutor(ExecutorBase):
 def _stop_all(workers: list[WorkerProcess]) -> None:
     for worker in workers:
         worker.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,10 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional
 
+from pagedllm.distributed import free_port
+
 HOST = "127.0.0.1"
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[3])  # the folder that holds pagedllm/
-
-
-def free_port() -> int:
-    """A port nothing listens on now; the OS picks it, so parallel launches do not collide."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(url: str, process: subprocess.Popen, timeout: float, log_path: Optional[Path] = None) -> None:
