@@ -18,14 +18,15 @@ from pagedllm.config import AsyncEngineArgs, ModelConfig
 from pagedllm.engine.engine_compat import UsageContext
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.pooling import PoolingClientMixin
-from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestFailedError, RequestStreams, stream_outputs
+from pagedllm.engine.request_streams import (AsyncEngineDeadError, RequestFailedError, RequestParametersError,
+                                             RequestStreams, stream_outputs)
 from pagedllm.inputs import PromptType
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine", "RequestFailedError"]
+__all__ = ["AsyncEngineDeadError", "AsyncLLMEngine", "RequestFailedError", "RequestParametersError"]
 
 
 @dataclass

@@ -8,8 +8,10 @@ from pagedllm.core.request import RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.request_state import RequestState
+from pagedllm.engine.request_streams import NO_TOKEN_ALLOWED
 from pagedllm.engine.stop_checker import check_stop, held_back_length
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.sample.sampler import NO_TOKEN_LEFT
 from pagedllm.sampling_params import RequestOutputKind
 
 
@@ -92,7 +94,8 @@ class OutputProcessor:
                                         result.logprobs.get(request_id), earlier)
             except Exception as error:  # this request's own text or stop check: it fails alone
                 failed[request_id] = f"processing its output raised {type(error).__name__}: {error}"
-        state.request.stop_reason = failed[request_id]
+        reason = failed[request_id]
+        state.request.stop_reason = _no_token_allowed(state) if reason == NO_TOKEN_LEFT else reason
         return RequestStatus.FINISHED_ERROR
 
     def _add_tokens(self, state: RequestState, num_new: int, logprobs: Optional[TokenLogprobs],
@@ -193,3 +196,16 @@ def _gather(entries: list[tuple[RequestState, RequestOutput]]) -> list[RequestOu
 def _collect(parents: Iterable[ParentRequest]) -> list[RequestOutput]:
     """The n > 1 requests' outputs of what their samples recorded this step."""
     return [output for output in (parent.collect() for parent in parents) if output is not None]
+
+
+def _no_token_allowed(state: RequestState) -> str:
+    """Why every token of the request's logits was masked out, naming its parameters that mask tokens; the
+    sampler's plain reason where none does (logits of -inf from the model)."""
+    params, produced = state.request.sampling_params, state.request.num_output_tokens
+    masking = [name for name, masks in (("guided_decoding", params.guided_decoding is not None),
+                                        ("allowed_token_ids", bool(params.allowed_token_ids)),
+                                        ("bad_words", bool(params.bad_words)),
+                                        ("logits_processors", bool(params.logits_processors))) if masks]
+    if produced < params.min_tokens:
+        masking.append(f"min_tokens={params.min_tokens} (no EOS or stop token before it; {produced} so far)")
+    return f"{NO_TOKEN_ALLOWED}: {', '.join(masking)}" if masking else NO_TOKEN_LEFT

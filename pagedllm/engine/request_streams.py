@@ -21,12 +21,22 @@ class RequestFailedError(RuntimeError):
     output processing); the engine goes on serving the others."""
 
 
+class RequestParametersError(RequestFailedError):
+    """This request failed on its own because its parameters together left no token to sample (say min_tokens
+    barring the end that its guided choice has reached): the client's error, not the server's."""
+
+
+# How the reason of a RequestParametersError begins (output_processor.py writes it).
+NO_TOKEN_ALLOWED = "its parameters leave no token to sample"
+
+
 def failure(output: RequestOutput) -> Optional[RequestFailedError]:
     """The error of a finished output one of whose completions ended with finish_reason "error"."""
     reasons = [str(c.stop_reason) for c in output.outputs if c.finish_reason == "error"]
     if not output.finished or not reasons:
         return None
-    return RequestFailedError(f"Request {output.request_id} failed: {reasons[0]}")
+    error = RequestParametersError if reasons[0].startswith(NO_TOKEN_ALLOWED) else RequestFailedError
+    return error(f"Request {output.request_id} failed: {reasons[0]}")
 
 
 class RequestStreams:

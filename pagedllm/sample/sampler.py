@@ -23,6 +23,9 @@ LogitsStep = Callable[[torch.Tensor, SamplingMetadata], torch.Tensor]
 UNSAMPLEABLE = -1
 
 
+NO_TOKEN_LEFT = "every token was masked out, so none can be sampled"  # a row whose logits are all -inf
+
+
 class SamplerOutput(NamedTuple):
     token_ids: torch.Tensor  # [N] long
     # When any row asked for logprobs: [N, 1 + k] ids and logprobs (the sampled token first), [N] ranks.
@@ -42,7 +45,7 @@ class SamplerOutput(NamedTuple):
         failed = dict(self.failed)
         for row, maximum in enumerate(maxima):
             if not math.isfinite(maximum) and row not in failed:
-                failed[row] = ("every token was masked out, so none can be sampled" if maximum == -math.inf
+                failed[row] = (NO_TOKEN_LEFT if maximum == -math.inf
                                else "its logits contain NaN or infinity")
         for row in failed:
             tokens[row] = UNSAMPLEABLE

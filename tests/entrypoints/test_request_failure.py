@@ -1,6 +1,7 @@
 """A request that fails on its own while its batch runs gets an error over HTTP (500 with why, or an error
-event in its stream) and the server goes on serving (the app in process, tiny model). No HTTP field can make
-a request fail inside its batch, so the failure is injected where the workers report it."""
+event in its stream) and the server goes on serving (the app in process, tiny model). The server's own failures
+are injected where the workers report them; a request whose parameters together leave no token to sample
+(min_tokens barring the only tokens allowed) fails on its own with a 400 that names them."""
 from __future__ import annotations
 
 import argparse
@@ -62,4 +63,36 @@ def test_a_failing_request_gets_an_error_and_the_server_goes_on(tiny_model_dir):
     assert bad_stream.status_code == 200 and json.loads(events[0])["choices"][0]["text"]
     assert events[-1] == "[DONE]" and "injected" in json.loads(events[-2])["error"]["message"]
     assert not engine.errored
+    engine.shutdown()
+
+
+def test_parameters_that_leave_no_token_are_a_client_error(tiny_model_dir, tokenizer):
+    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(model=tiny_model_dir, num_gpu_blocks_override=32))
+    args = add_server_args(argparse.ArgumentParser()).parse_args([])
+    # Only EOS is allowed, and min_tokens bars it: the first step has nothing to sample.
+    impossible = {"prompt": "Hello", "max_tokens": 8, "min_tokens": 3, "allowed_token_ids": [tokenizer.eos_token_id]}
+
+    async def run():
+        app = await build_app(engine, args)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
+            bad = await client.post("/v1/completions", json=impossible)
+            bad_stream = await client.post("/v1/completions", json={**impossible, "stream": True})
+            # The guided choice ends after a few tokens, short of min_tokens: the stream has begun by then.
+            ended = await client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 30, "min_tokens": 20,
+                                                               "guided_choice": ["Hello world"], "stream": True})
+            good = await client.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 4})
+        return bad, bad_stream, ended, good
+
+    bad, bad_stream, ended, good = asyncio.run(run())
+    error = bad.json()["error"]
+    assert bad.status_code == 400 and error["type"] == "BadRequestError"
+    assert "allowed_token_ids, min_tokens=3" in error["message"] and "no token to sample" in error["message"]
+    # It failed at its first token, before its stream began: the same answer as a plain request's.
+    assert bad_stream.status_code == 400 and bad_stream.json()["error"]["message"].endswith(error["message"][-60:])
+    events = [line[len("data: "):] for line in ended.text.splitlines() if line.startswith("data: ")]
+    assert ended.status_code == 200 and events[-1] == "[DONE]" and json.loads(events[0])["choices"][0]["text"]
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 400 and "guided_decoding, min_tokens=20" in error["message"]
+    assert good.status_code == 200 and not engine.errored
     engine.shutdown()

@@ -22,7 +22,8 @@ from starlette.exceptions import HTTPException
 
 from pagedllm import __version__
 from pagedllm.config import AsyncEngineArgs
-from pagedllm.engine.async_engine import AsyncEngineDeadError, AsyncLLMEngine, RequestFailedError
+from pagedllm.engine.async_engine import (AsyncEngineDeadError, AsyncLLMEngine, RequestFailedError,
+                                          RequestParametersError)
 from pagedllm.engine.sleep_mode import EngineSleepingError
 from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected, error_response
 from pagedllm.entrypoints.openai.guard import GuardMiddleware
@@ -87,6 +88,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestFailedError)
     async def request_failed(_: Request, error: RequestFailedError) -> Response:
         return error_response(str(error), HTTPStatus.INTERNAL_SERVER_ERROR)  # the engine logged why
+
+    @app.exception_handler(RequestParametersError)
+    async def request_unsatisfiable(_: Request, error: RequestParametersError) -> Response:
+        return error_response(str(error), HTTPStatus.BAD_REQUEST)
 
     @app.exception_handler(ClientDisconnected)
     async def client_gone(_: Request, __: ClientDisconnected) -> Response:

@@ -7,7 +7,7 @@ from typing import AsyncIterator, Callable, Optional, TypeVar
 
 from pydantic import BaseModel
 
-from pagedllm.engine.async_engine import AsyncEngineDeadError, RequestFailedError
+from pagedllm.engine.async_engine import AsyncEngineDeadError, RequestFailedError, RequestParametersError
 from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected, error_body
 from pagedllm.outputs import Logprob
 
@@ -40,7 +40,9 @@ async def event_stream(items: AsyncIterator[T],
     except AsyncEngineDeadError as error:
         yield f"data: {error_body(str(error), HTTPStatus.SERVICE_UNAVAILABLE).model_dump_json()}\n\n"
     except RequestFailedError as error:  # the engine logged why; the others go on
-        yield f"data: {error_body(str(error), HTTPStatus.INTERNAL_SERVER_ERROR).model_dump_json()}\n\n"
+        status = HTTPStatus.BAD_REQUEST if isinstance(error, RequestParametersError) else \
+            HTTPStatus.INTERNAL_SERVER_ERROR
+        yield f"data: {error_body(str(error), status).model_dump_json()}\n\n"
     except Exception as error:
         logger.exception("Streaming a response failed.")
         yield f"data: {error_body(str(error), HTTPStatus.INTERNAL_SERVER_ERROR).model_dump_json()}\n\n"
