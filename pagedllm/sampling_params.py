@@ -13,6 +13,9 @@ logger = logging.getLogger(__name__)
 _SAMPLING_EPS = 1e-5
 # Temperatures below this are numerically unstable and treated as this value.
 _MIN_TEMPERATURE = 1e-2
+# A repetition penalty divides or multiplies float32 logits: past these bounds the penalized logits (of a few
+# hundred at most, then divided by a temperature of at least _MIN_TEMPERATURE) overflow to infinity or NaN.
+_REPETITION_PENALTY_RANGE = (1e-20, 1e20)
 
 LogitsProcessor = Union[
     Callable[[list[int], Any], Any],
@@ -157,8 +160,10 @@ class SamplingParams:
              f"must be in [-2, 2], got {self.presence_penalty}."),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
              f"must be in [-2, 2], got {self.frequency_penalty}."),
-            (self.repetition_penalty > 0.0, "repetition_penalty",
-             f"must be greater than zero, got {self.repetition_penalty}."),
+            (_REPETITION_PENALTY_RANGE[0] <= self.repetition_penalty <= _REPETITION_PENALTY_RANGE[1],
+             "repetition_penalty", f"must be in [{_REPETITION_PENALTY_RANGE[0]:g}, {_REPETITION_PENALTY_RANGE[1]:g}] "
+             f"(greater than zero, and not so far from 1 that penalized float32 logits overflow), got "
+             f"{self.repetition_penalty}."),
             (self.temperature >= 0.0, "temperature", f"must be non-negative, got {self.temperature}."),
             (0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}."),
             (self.top_k >= -1, "top_k", f"must be -1 (disable), 0 (disable) or at least 1, got {self.top_k}."),

@@ -15,6 +15,8 @@ INVALID = [
     ("frequency_penalty", {"frequency_penalty": 3.0}),
     ("repetition_penalty", {"repetition_penalty": 0.0}),
     ("repetition_penalty", {"repetition_penalty": -1.0}),
+    ("repetition_penalty", {"repetition_penalty": 1.1e-308}),  # penalized logits would overflow float32
+    ("repetition_penalty", {"repetition_penalty": 1e21}),
     ("temperature", {"temperature": -0.5}),
     ("top_p", {"top_p": 0.0}),
     ("top_p", {"top_p": 1.2}),
