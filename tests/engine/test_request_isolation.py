@@ -39,7 +39,7 @@ def _bad_cases() -> dict:
     return {
         "raising logits processor": (with_processor(_raises_on_third_token), "logits processor raised RuntimeError", 2),
         "NaN logits": (with_processor(_nan_on_second_token), "NaN or infinity", 1),
-        "every token masked": (with_processor(_masks_everything), "every token was masked", 0),
+        "every token masked": (with_processor(_masks_everything), "leave no token to sample: logits_processors", 0),
         "seed torch refuses": (SamplingParams(temperature=0.8, seed=2 ** 64, max_tokens=8), "seed", 0),
     }
 
