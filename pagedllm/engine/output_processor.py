@@ -8,11 +8,14 @@ from pagedllm.core.request import RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput, TokenLogprobs
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.request_state import RequestState
-from pagedllm.engine.request_streams import NO_TOKEN_ALLOWED
 from pagedllm.engine.stop_checker import check_stop, held_back_length
 from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.sample.sampler import NO_TOKEN_LEFT
 from pagedllm.sampling_params import RequestOutputKind
+
+# How the reason of a request that failed because its parameters masked every token begins
+# (request_streams.RequestParametersError).
+NO_TOKEN_ALLOWED = "its parameters leave no token to sample"
 
 
 class ProcessedStep(NamedTuple):

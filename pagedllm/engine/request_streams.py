@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncGenerator, Callable, Optional, Union
 
+from pagedllm.engine.output_processor import NO_TOKEN_ALLOWED
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 
 
@@ -25,9 +26,6 @@ class RequestParametersError(RequestFailedError):
     """This request failed on its own because its parameters together left no token to sample (say min_tokens
     barring the end that its guided choice has reached): the client's error, not the server's."""
 
-
-# How the reason of a RequestParametersError begins (output_processor.py writes it).
-NO_TOKEN_ALLOWED = "its parameters leave no token to sample"
 
 
 def failure(output: RequestOutput) -> Optional[RequestFailedError]:
