@@ -119,3 +119,19 @@ def test_no_per_request_state_outlives_its_requests(llm):
     runner = worker.model_runner
     assert not [rid for rid in runner.input_state.requests if "state-" in rid and "state-next" not in rid]
     assert not [rid for rid in runner.generators if "state-" in rid and "state-next" not in rid]
+
+
+def test_a_request_id_can_be_reused_once_its_request_finished(llm):
+    """The scheduler reports a finished id to the next step; a new request that reuses it in between is a new
+    request (it once finished at once, empty, as if it could never fit)."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    finished = []
+    for _ in range(3):
+        engine.add_request("reused-id", "Hello there", params)
+        while engine.has_unfinished_requests():
+            finished += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in finished] == ["reused-id"] * 3
+    assert all(o.outputs[0].finish_reason == "length" for o in finished)
+    assert finished[0].outputs[0].token_ids == finished[1].outputs[0].token_ids == finished[2].outputs[0].token_ids
+    assert len(finished[0].outputs[0].token_ids) == 4

@@ -318,8 +318,10 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         start = time.perf_counter()
         scheduler_output = scheduler.schedule()
         scheduled = [self.requests[rid] for rid in scheduler_output.num_scheduled_tokens]
-        # Finished ids the engine still holds records of were finished by the scheduler: they never fit.
-        ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests]
+        # Finished ids the engine still holds records of were finished by the scheduler, as never fitting;
+        # unless the record is a new request that reuses the id of one finished since the last step.
+        ignored = [self.requests[rid] for rid in scheduler_output.finished_req_ids if rid in self.requests
+                   and self.requests[rid].request.status == RequestStatus.FINISHED_IGNORED]
         self.stats.on_schedule([s.metrics for s in scheduled + ignored], time.perf_counter() - start)
         outputs += self._finish_ignored(ignored)
         proposed = scheduler_output.scheduled_spec_tokens
