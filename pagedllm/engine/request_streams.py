@@ -27,7 +27,6 @@ class RequestParametersError(RequestFailedError):
     barring the end that its guided choice has reached): the client's error, not the server's."""
 
 
-
 def failure(output: RequestOutput) -> Optional[RequestFailedError]:
     """The error of a finished output one of whose completions ended with finish_reason "error"."""
     reasons = [str(c.stop_reason) for c in output.outputs if c.finish_reason == "error"]
