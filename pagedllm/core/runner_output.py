@@ -24,7 +24,8 @@ class ModelRunnerOutput:
     # Proposals to verify in the request's next step.
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # Requests that failed on their own this step (their seed, logits processor, non-finite logits): id -> why.
-    # They have no sampled token; the engine finishes them with an error and the batch goes on.
+    # They keep only the tokens sampled before they failed (a verifying or multi-step step's, else none); the
+    # engine finishes them with an error unless one of those tokens stopped them, and the batch goes on.
     failed: dict[str, str] = field(default_factory=dict)
     # Pooling models: request id -> its pooled output as (nested) lists of floats; None from generating models.
     pooler_outputs: Optional[dict[str, Any]] = None

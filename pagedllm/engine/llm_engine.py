@@ -334,14 +334,16 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
     def _update(self, scheduler_output: SchedulerOutput, scheduled: list[RequestState], result: ModelRunnerOutput,
                 execute_time: float, failed: dict[str, str]) -> list[RequestOutput]:
         """Take a step's sampled tokens: advance the requests, advance their grammars, make their outputs,
-        finish the ones that stopped. A request that failed on its own (here or in the workers) takes no
-        token and finishes with an error; the others go on."""
+        finish the ones that stopped. A request that failed on its own finishes with an error, the others go
+        on: one whose grammar failed before the step takes no token, one that failed in the workers takes
+        the tokens it sampled before failing (a verifying or multi-step step's), unless they stop it."""
         if result.pooler_outputs is not None:
             return self._update_pooled(scheduler_output, scheduled, result, execute_time)
+        kept = {rid: t for rid, t in result.sampled_token_ids.items() if rid not in failed}
         failed = {**failed, **result.failed}
         if failed:
             result = dataclasses.replace(
-                result, sampled_token_ids={rid: t for rid, t in result.sampled_token_ids.items() if rid not in failed},
+                result, sampled_token_ids=kept,
                 draft_token_ids={rid: t for rid, t in result.draft_token_ids.items() if rid not in failed})
         sampled = result.sampled_token_ids
         drafts, grammar_failed = self._advance_grammars(scheduled, result)

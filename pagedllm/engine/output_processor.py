@@ -83,20 +83,22 @@ class OutputProcessor:
     def _advance(self, state: RequestState, result: ModelRunnerOutput, failed: dict[str, str],
                  earlier: Optional[list[Optional[RequestOutput]]] = None) -> Optional[RequestStatus]:
         """Take the request's prompt logprobs and tokens of this step; its status after them, or
-        FINISHED_ERROR (with why as its stop reason) when it failed in the workers or fails here. `earlier`,
-        if given, receives the output after each new token but the last."""
+        FINISHED_ERROR (with why as its stop reason) when it failed in the workers (after the tokens it sampled
+        before failing, unless one of them stopped it) or fails here. `earlier`, if given, receives the output
+        after each new token but the last."""
         request_id = state.request_id
-        if request_id not in failed:
-            try:
-                entry = result.prompt_logprobs.get(request_id)
-                if entry is not None:
-                    state.prompt_logprobs.extend(self._logprob_dicts(entry, state.request.sampling_params.detokenize))
-                if request_id not in result.sampled_token_ids:
-                    return None
-                return self._add_tokens(state, len(result.sampled_token_ids[request_id]),
-                                        result.logprobs.get(request_id), earlier)
-            except Exception as error:  # this request's own text or stop check: it fails alone
-                failed[request_id] = f"processing its output raised {type(error).__name__}: {error}"
+        try:
+            entry = result.prompt_logprobs.get(request_id)
+            if entry is not None and request_id not in failed:
+                state.prompt_logprobs.extend(self._logprob_dicts(entry, state.request.sampling_params.detokenize))
+            status = None
+            if request_id in result.sampled_token_ids:
+                status = self._add_tokens(state, len(result.sampled_token_ids[request_id]),
+                                          result.logprobs.get(request_id), earlier)
+            if status is not None or request_id not in failed:
+                return status
+        except Exception as error:  # this request's own text or stop check: it fails alone
+            failed[request_id] = f"processing its output raised {type(error).__name__}: {error}"
         reason = failed[request_id]
         state.request.stop_reason = _no_token_allowed(state) if reason == NO_TOKEN_LEFT else reason
         return RequestStatus.FINISHED_ERROR

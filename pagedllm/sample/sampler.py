@@ -41,15 +41,21 @@ class SamplerOutput(NamedTuple):
         covers both, so a step waits for the device once; on the CPU a step whose kernels find the argmax
         (cpu_graph's greedy step) then runs no PyTorch operator for the check."""
         maxima = self.maxima if self.maxima.device.type == "cpu" else self.maxima.to("cpu", non_blocking=True)
-        tokens, maxima = self.token_ids.tolist(), maxima.tolist()
-        failed = dict(self.failed)
-        for row, maximum in enumerate(maxima):
-            if not math.isfinite(maximum) and row not in failed:
-                failed[row] = (NO_TOKEN_LEFT if maximum == -math.inf
-                               else "its logits contain NaN or infinity")
+        tokens = self.token_ids.tolist()
+        failed = unsampleable_rows(maxima.tolist(), self.failed)
         for row in failed:
             tokens[row] = UNSAMPLEABLE
         return tokens, failed
+
+
+def unsampleable_rows(maxima: list[float], failed: dict[int, str]) -> dict[int, str]:
+    """The rows that cannot be sampled, with why: those that failed before sampling, and those whose largest
+    logit (maxima, one per row) is not finite."""
+    failed = dict(failed)
+    for row, maximum in enumerate(maxima):
+        if not math.isfinite(maximum) and row not in failed:
+            failed[row] = NO_TOKEN_LEFT if maximum == -math.inf else "its logits contain NaN or infinity"
+    return failed
 
 
 class Sampler:

@@ -159,7 +159,7 @@ class ModelRunner:
                 return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
             out = SamplerOutput(greedy[1], None, None, None, greedy[0], {})
             if verifying:
-                sampled = verify_greedy(out.token_ids.tolist(), sampling)
+                sampled = verify_greedy(out.token_ids.tolist(), out.maxima.tolist(), sampling, failed)
                 return ModelRunnerOutput(sampled, {}, prompt_logprobs, forward_ms, failed=failed)
         else:
             # Every rank of the last stage computes logits (they are gathered); only the output rank samples.
@@ -168,7 +168,7 @@ class ModelRunner:
                 return ModelRunnerOutput({}, {}, prompt_logprobs, forward_ms)
             if verifying:
                 sampled, logprobs = verify_proposals(logits, sampling, self.generators, self.vocab_size,
-                                                     self.device, grammar_bitmasks)
+                                                     self.device, failed, grammar_bitmasks)
                 return ModelRunnerOutput(sampled, logprobs, prompt_logprobs, forward_ms, failed=failed)
             meta = SamplingMetadata.build(sampling, self.generators, self.vocab_size, self.device,
                                           grammar_bitmasks)

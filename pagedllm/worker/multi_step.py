@@ -20,7 +20,7 @@ RunPass = Callable[[list[tuple[WorkerRequest, int]]], ModelRunnerOutput]
 def run_decode_steps(run_pass: RunPass, requests: list[WorkerRequest], decode_steps: dict[str, int]
                      ) -> ModelRunnerOutput:
     """Sample up to `decode_steps[id]` tokens for each request, one `run_pass` (forward and sample) at a
-    time; a request that fails stops there (its failure is reported, its tokens dropped by the engine)."""
+    time; a request that fails stops there (its failure is reported with the tokens it sampled before)."""
     sampled: dict[str, list[int]] = {}
     logprobs: dict[str, TokenLogprobs] = {}
     failed: dict[str, str] = {}

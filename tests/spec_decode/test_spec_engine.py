@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.sampling_params import GuidedDecodingParams
@@ -97,6 +98,40 @@ def test_seeded_sampling_is_reproducible_with_n_samples(ngram_llm):
     first, second = chat(ngram_llm, params), chat(ngram_llm, params)
     assert [[c.token_ids for c in o.outputs] for o in first] == [[c.token_ids for c in o.outputs] for o in second]
     assert all(len(o.outputs) == 2 for o in first)
+
+
+FAIL_AT = 6  # the bad requests below fail at the position of their 7th token, inside a verified run
+
+
+def _raises_at_the_failing_token(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    if len(output_ids) == FAIL_AT:
+        raise RuntimeError("this processor breaks")
+    return logits
+
+
+def _masks_from_the_failing_token(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(logits, -math.inf) if len(output_ids) >= FAIL_AT else logits
+
+
+def test_a_request_failing_at_a_verified_position_fails_there_alone(ngram_llm, llm, greedy_plain):
+    """A position that cannot be sampled (a logits processor raised, every token masked) fails its request as
+    plain decoding would at that token: the tokens before it kept, the reason given, the batch unchanged."""
+    cases = [(_raises_at_the_failing_token, 0, "logits processor raised RuntimeError"),
+             (_masks_from_the_failing_token, 0, "leave no token to sample: logits_processors"),
+             (_masks_from_the_failing_token, 0.7, "leave no token to sample: logits_processors")]
+    bad = [SamplingParams(max_tokens=40, temperature=temperature, seed=5, ignore_eos=True,
+                          logits_processors=[processor]) for processor, temperature, _ in cases]
+    good = SamplingParams(max_tokens=40, temperature=0, logprobs=3)
+    outputs = chat(ngram_llm, [good, *bad, good], PROMPTS[:1] + PROMPTS[:1] * len(bad) + PROMPTS[1:])
+    assert_same_as_plain(outputs[:1] + outputs[-1:], greedy_plain)
+    plain_bad = chat(llm, bad[:2], PROMPTS[:1] * 2)
+    for output, (_, _, says) in zip(outputs[1:-1], cases):
+        failed = output.outputs[0]
+        assert failed.finish_reason == "error" and says in failed.stop_reason
+        assert len(failed.token_ids) == FAIL_AT
+        assert output.metrics.spec_token_acceptance_counts[1] > 0  # it verified proposals before failing
+    assert [o.outputs[0].token_ids for o in outputs[1:3]] == [o.outputs[0].token_ids for o in plain_bad]
+    assert not ngram_llm.llm_engine.has_unfinished_requests()
 
 
 RECORD_SCHEMA = {"type": "object", "required": ["name", "city", "tags"],
