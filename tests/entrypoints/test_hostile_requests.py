@@ -45,6 +45,7 @@ CASES = {
     # counts and nesting
     "n 10**6": (_completion(n=10**6), "n"),
     "best_of 10**6": (_completion(best_of=10**6), "best_of"),
+    "best_of above n when streaming": (_completion(best_of=3, n=1, temperature=1, stream=True), "best_of"),
     "too many prompts": (_completion(prompt=["a"] * 10_000), "prompt"),
     "too many stop strings": (_completion(stop=["x"] * 5_000), "stop"),
     "prompts times n beyond capacity": (_completion(prompt=["a"] * 200, n=100), "n"),

@@ -16,6 +16,9 @@ def to_sampling_params(request: SamplingFields, defaults: SamplingParams, max_to
     Invalid values raise ValueError from SamplingParams, which the server answers with 400."""
     if request.stream_options is not None and not request.stream:
         raise APIError("Stream options can only be defined when `stream=True`.", param="stream_options")
+    if request.stream and request.best_of is not None and request.best_of != request.n:
+        raise APIError(f"best_of must equal n when streaming (the best of several samples is known only when all "
+                       f"have finished): got best_of={request.best_of} and n={request.n}.", param="best_of")
 
     def pick(name: str) -> object:
         value = getattr(request, name)
