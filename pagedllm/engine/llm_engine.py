@@ -14,7 +14,7 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.multi_step import StreamedTokens, check_multi_step_params
-from pagedllm.engine.output_processor import OutputProcessor
+from pagedllm.engine.output_processor import NO_TOKEN_ALLOWED, OutputProcessor
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.pooling import check_params_kind, pooling_output, prepare_pooling_params
 from pagedllm.engine.request_state import RequestState
@@ -267,7 +267,10 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
             if state is None:
                 continue
             if status == RequestStatus.FINISHED_ERROR:
-                logger.error("Request %s failed alone, the others go on: %s", request_id, state.request.stop_reason)
+                reason = state.request.stop_reason
+                # A request whose own parameters leave no token to sample is its client's mistake (a 400).
+                log = logger.warning if str(reason).startswith(NO_TOKEN_ALLOWED) else logger.error
+                log("Request %s failed alone, the others go on: %s", request_id, reason)
             self.schedulers[state.virtual_engine].finish_requests([request_id], status)
             if state.parent is not None:
                 parent = state.parent[0]

@@ -50,13 +50,17 @@ def alone(llm) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("case", list(_bad_cases()))
-def test_a_failing_request_fails_alone_and_the_engine_goes_on(llm, alone, case):
+def test_a_failing_request_fails_alone_and_the_engine_goes_on(llm, alone, case, caplog):
     bad_params, says, num_tokens = _bad_cases()[case]
     prompts = PROMPTS[:1] + ["Tell me about the sea"] + PROMPTS[1:]
-    outputs = llm.generate(prompts, [GREEDY, bad_params, GREEDY, GREEDY], use_tqdm=False)
+    with caplog.at_level("WARNING", logger="pagedllm.engine.llm_engine"):
+        outputs = llm.generate(prompts, [GREEDY, bad_params, GREEDY, GREEDY], use_tqdm=False)
     bad = outputs[1].outputs[0]
     assert outputs[1].finished and bad.finish_reason == "error"
     assert says in bad.stop_reason and len(bad.token_ids) == num_tokens
+    # Parameters that leave no token are the client's mistake: a warning, not an error, in the server's log.
+    level = "WARNING" if "leave no token" in says else "ERROR"
+    assert [r.levelname for r in caplog.records if "failed alone" in r.getMessage()] == [level]
     assert [o.outputs[0].token_ids for o in outputs[:1] + outputs[2:]] == alone
     assert all(o.outputs[0].finish_reason == "length" for o in outputs[:1] + outputs[2:])
     engine = llm.llm_engine
