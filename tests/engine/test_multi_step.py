@@ -177,6 +177,20 @@ def test_guided_decoding_and_logits_processors_are_refused_per_request(multi_llm
     assert chat(multi_llm, SamplingParams(max_tokens=3, temperature=0))[0].outputs[0].token_ids  # others go on
 
 
+def test_a_request_failing_inside_a_group_keeps_the_tokens_before_it(multi_llm, llm):
+    """Parameters that leave no token to sample at the third token, the second of the first group (" the" or
+    EOS allowed, EOS barred by min_tokens, a third " the" a bad word): the two tokens before it are kept, then
+    the request fails, as in single-step decoding."""
+    tokenizer = llm.get_tokenizer()
+    the = tokenizer.encode(" the", add_special_tokens=False)[0]
+    params = SamplingParams(max_tokens=10, temperature=0, allowed_token_ids=[the, tokenizer.eos_token_id],
+                            min_tokens=5, bad_words=["the the the"])
+    got, want = (m.generate(["Hello"], params, use_tqdm=False)[0].outputs[0] for m in (multi_llm, llm))
+    assert got.token_ids == want.token_ids == [the, the]
+    assert got.finish_reason == want.finish_reason == "error"
+    assert got.stop_reason == want.stop_reason and "leave no token to sample" in got.stop_reason
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"num_scheduler_steps": 0}, "num_scheduler_steps"),
     ({"num_scheduler_steps": 4, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
