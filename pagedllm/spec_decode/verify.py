@@ -38,7 +38,8 @@ def verify_proposals(logits: torch.Tensor, requests: list[WorkerRequest], genera
                      ) -> tuple[dict[str, list[int]], dict[str, TokenLogprobs]]:
     """logits [sum of (proposed + 1) over requests, vocab], each request's positions in order -> the tokens
     each request emits and, where asked, their logprobs (one position per emitted token). `failed` holds the
-    requests failed before sampling (id -> why); those that fail here are added to it."""
+    requests failed before sampling (id -> why); those that fail here are added to it, and emit the tokens
+    before the position where they failed."""
     rows = [_PositionRow(r, j) for r in requests for j in range(len(r.spec_token_ids) + 1)]
     meta = SamplingMetadata.build(rows, generators, vocab_size, device, grammar_bitmasks)
     logits = process_logits(logits, meta)
@@ -70,7 +71,8 @@ def verify_greedy(argmax: list[int], maxima: list[float], requests: list[WorkerR
                   failed: dict[str, str]) -> dict[str, list[int]]:
     """The tokens each greedy request emits, given the argmax and the largest logit of its every verified
     position, in order (from a CPU graph's greedy step: the requests take the argmax of their logits as they
-    come). `failed` holds the requests failed before sampling; those that fail here are added to it."""
+    come). `failed` holds the requests failed before sampling; those that fail here are added to it, and emit
+    the tokens before the position where they failed."""
     unsampleable = unsampleable_rows(maxima, {})
     sampled = {}
     for request, start, end in _position_spans(requests):
