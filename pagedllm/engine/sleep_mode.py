@@ -15,6 +15,11 @@ class EngineSleepingError(RuntimeError):
     """A request came while the engine sleeps; the server answers it with 503."""
 
 
+class SleepRefusedError(RuntimeError):
+    """sleep() cannot be done in the engine's present state (asleep already, requests in flight); the server
+    answers it with 409."""
+
+
 class SleepModeMixin:
     """LLMEngine's sleep calls; `_asleep` holds the parts (tags) that are asleep."""
 
@@ -31,10 +36,11 @@ class SleepModeMixin:
         if level not in (1, 2):
             raise ValueError(f"Sleep level must be 1 or 2, got {level!r}.")
         if self._asleep:
-            raise RuntimeError("The engine is already sleeping; call wake_up() first.")
+            raise SleepRefusedError("The engine is already sleeping; call wake_up() first.")
         unfinished = self.get_num_unfinished_requests()
         if unfinished:
-            raise RuntimeError(f"Cannot sleep with {unfinished} unfinished request(s); finish or abort them first.")
+            raise SleepRefusedError(f"Cannot sleep with {unfinished} unfinished request(s); finish or abort them "
+                                    "first.")
         for scheduler in self.schedulers:
             scheduler.kv_cache.reset_prefix_cache()
         self.model_executor.sleep(level)

@@ -20,12 +20,14 @@ from pagedllm.engine.multiprocessing.messages import (AbortRequests, AddRequest,
                                                       Rejected, Shutdown, StartupFailed)
 from pagedllm.engine.pooling import PoolingClientMixin
 from pagedllm.engine.request_streams import AsyncEngineDeadError, RequestStreams, stream_outputs
-from pagedllm.engine.sleep_mode import EngineSleepingError
+from pagedllm.engine.sleep_mode import EngineSleepingError, SleepRefusedError
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-_REJECTION_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "EngineSleepingError": EngineSleepingError}
+# The engine process's errors that callers tell apart, rebuilt by class name; others arrive as RuntimeError.
+_ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "EngineSleepingError": EngineSleepingError,
+                "SleepRefusedError": SleepRefusedError}
 SHUTDOWN_TIMEOUT_S = 10.0
 
 
@@ -130,15 +132,14 @@ class MQLLMEngineClient(PoolingClientMixin):
             for output in message.outputs:
                 self._streams.put(output.request_id, output)
         elif isinstance(message, Rejected):
-            error_type = _REJECTION_TYPES.get(message.kind, RuntimeError)
-            self._streams.put(message.request_id, error_type(message.message))
+            self._streams.put(message.request_id, _rebuilt(message.kind, message.message))
         elif isinstance(message, Answer):
             future = self._answers.pop(message.query_id, None)
             if future is not None and not future.done():
                 if message.error is None:
                     future.set_result(message.value)
                 else:
-                    future.set_exception(RuntimeError(message.error))
+                    future.set_exception(_rebuilt(message.kind, message.error))
 
     def _engine_died(self) -> None:
         if self._dead_error is not None:
@@ -233,3 +234,9 @@ class MQLLMEngineClient(PoolingClientMixin):
             self.process.kill()
             self.process.join()
         self.conn.close()
+
+
+def _rebuilt(kind: str, message: str) -> Exception:
+    """The engine process's error of class `kind` on this side."""
+    error_type = _ERROR_TYPES.get(kind)
+    return error_type(message) if error_type is not None else RuntimeError(f"{kind}: {message}")

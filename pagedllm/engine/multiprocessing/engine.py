@@ -103,6 +103,6 @@ class _EngineLoop:
                 return Answer(query.query_id, generate_latest())
             if query.what in ("sleep", "wake_up", "is_sleeping", *_LORA_CALLS):
                 return Answer(query.query_id, getattr(self.engine, query.what)(*query.args))
-            return Answer(query.query_id, error=f"Unknown query {query.what!r}.")
+            return Answer(query.query_id, error=f"Unknown query {query.what!r}.", kind="ValueError")
         except Exception as error:
-            return Answer(query.query_id, error=f"{type(error).__name__}: {error}")
+            return Answer(query.query_id, error=str(error), kind=type(error).__name__)

@@ -77,3 +77,4 @@ class Answer:
     query_id: int
     value: Any = None
     error: Optional[str] = None
+    kind: str = ""  # the class name of the exception behind `error`

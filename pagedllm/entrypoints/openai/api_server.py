@@ -24,7 +24,7 @@ from pagedllm import __version__
 from pagedllm.config import AsyncEngineArgs
 from pagedllm.engine.async_engine import (AsyncEngineDeadError, AsyncLLMEngine, RequestFailedError,
                                           RequestParametersError)
-from pagedllm.engine.sleep_mode import EngineSleepingError
+from pagedllm.engine.sleep_mode import SLEEP_TAGS, EngineSleepingError, SleepRefusedError
 from pagedllm.entrypoints.openai.errors import APIError, ClientDisconnected, error_response
 from pagedllm.entrypoints.openai.guard import GuardMiddleware
 from pagedllm.entrypoints.openai.limits import Admission, PromptLimit
@@ -84,6 +84,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(EngineSleepingError)
     async def engine_sleeping(_: Request, error: EngineSleepingError) -> Response:
         return error_response(str(error), HTTPStatus.SERVICE_UNAVAILABLE)
+
+    @app.exception_handler(SleepRefusedError)
+    async def sleep_refused(_: Request, error: SleepRefusedError) -> Response:
+        return error_response(str(error), HTTPStatus.CONFLICT)
 
     @app.exception_handler(RequestFailedError)
     async def request_failed(_: Request, error: RequestFailedError) -> Response:
@@ -174,12 +178,19 @@ def _add_dev_routes(app: FastAPI) -> None:
     """Sleep mode over HTTP, as vLLM offers it only with VLLM_SERVER_DEV_MODE=1 (not in the schema)."""
     @app.post("/sleep", include_in_schema=False)
     async def sleep(raw_request: Request) -> Response:
-        await raw_request.app.state.engine.sleep(int(raw_request.query_params.get("level", "1")))
+        level = raw_request.query_params.get("level", "1")
+        if level not in ("1", "2"):
+            raise APIError(f"level must be 1 or 2, got {level!r}.", param="level")
+        await raw_request.app.state.engine.sleep(int(level))  # SleepRefusedError (409) with requests in flight
         return Response(status_code=200)
 
     @app.post("/wake_up", include_in_schema=False)
     async def wake_up(raw_request: Request) -> Response:
-        await raw_request.app.state.engine.wake_up(raw_request.query_params.getlist("tags") or None)
+        tags = raw_request.query_params.getlist("tags")
+        unknown = sorted(set(tags) - set(SLEEP_TAGS))
+        if unknown:
+            raise APIError(f"Unknown tags {unknown}; valid tags are {list(SLEEP_TAGS)}.", param="tags")
+        await raw_request.app.state.engine.wake_up(tags or None)
         return Response(status_code=200)
 
     @app.get("/is_sleeping", include_in_schema=False)

@@ -43,7 +43,7 @@ class LoRAModules:
         return self.adapters.get(name) if name is not None else None
 
     async def load(self, name: str, path: str, base_model_name: Optional[str] = None) -> LoRARequest:
-        """Register an adapter; a bad one raises ValueError (or the engine process's RuntimeError)."""
+        """Register an adapter; a bad one raises the engine's ValueError or RuntimeError."""
         if name in self.adapters:
             raise APIError(f"The lora adapter '{name}' has already been loaded.", HTTPStatus.BAD_REQUEST,
                            param="lora_name")
@@ -68,7 +68,7 @@ def add_lora_routes(app: FastAPI) -> None:
     async def load_lora_adapter(request: LoadLoRAAdapterRequest, raw_request: Request) -> Response:
         try:
             await raw_request.app.state.lora_modules.load(request.lora_name, request.lora_path)
-        except RuntimeError as error:  # the engine process's refusal, as text
+        except (ValueError, RuntimeError) as error:  # the engine's refusal
             raise APIError(str(error), HTTPStatus.BAD_REQUEST, param="lora_path") from None
         return PlainTextResponse(f"Success: LoRA adapter '{request.lora_name}' added successfully.")
 
