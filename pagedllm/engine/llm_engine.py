@@ -14,7 +14,7 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.core.scheduler_output import SchedulerOutput
 from pagedllm.engine.engine_compat import EngineCompatMixin, UsageContext
 from pagedllm.engine.multi_step import StreamedTokens, check_multi_step_params
-from pagedllm.engine.output_processor import NO_TOKEN_ALLOWED, OutputProcessor
+from pagedllm.engine.output_processor import OutputProcessor, is_client_failure
 from pagedllm.engine.parallel_sampling import ParentRequest
 from pagedllm.engine.pooling import check_params_kind, pooling_output, prepare_pooling_params
 from pagedllm.engine.request_state import RequestState
@@ -268,8 +268,7 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
                 continue
             if status == RequestStatus.FINISHED_ERROR:
                 reason = state.request.stop_reason
-                # A request whose own parameters leave no token to sample is its client's mistake (a 400).
-                log = logger.warning if str(reason).startswith(NO_TOKEN_ALLOWED) else logger.error
+                log = logger.warning if is_client_failure(reason) else logger.error
                 log("Request %s failed alone, the others go on: %s", request_id, reason)
             self.schedulers[state.virtual_engine].finish_requests([request_id], status)
             if state.parent is not None:
@@ -342,11 +341,12 @@ class LLMEngine(EngineCompatMixin, SleepModeMixin, LoRAEngineMixin):
         the tokens it sampled before failing (a verifying or multi-step step's), unless they stop it."""
         if result.pooler_outputs is not None:
             return self._update_pooled(scheduler_output, scheduled, result, execute_time)
-        kept = {rid: t for rid, t in result.sampled_token_ids.items() if rid not in failed}
+        failed_before = failed
         failed = {**failed, **result.failed}
         if failed:
             result = dataclasses.replace(
-                result, sampled_token_ids=kept,
+                result,
+                sampled_token_ids={rid: t for rid, t in result.sampled_token_ids.items() if rid not in failed_before},
                 draft_token_ids={rid: t for rid, t in result.draft_token_ids.items() if rid not in failed})
         sampled = result.sampled_token_ids
         drafts, grammar_failed = self._advance_grammars(scheduled, result)

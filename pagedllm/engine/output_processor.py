@@ -13,9 +13,14 @@ from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 from pagedllm.sample.sampler import NO_TOKEN_LEFT
 from pagedllm.sampling_params import RequestOutputKind
 
-# How the reason of a request that failed because its parameters masked every token begins
-# (request_streams.RequestParametersError).
+# How the reason of a request that failed because its parameters masked every token begins.
 NO_TOKEN_ALLOWED = "its parameters leave no token to sample"
+
+
+def is_client_failure(reason: object) -> bool:
+    """Whether a failed request's reason blames its own parameters: its client's mistake (a 400 over HTTP,
+    request_streams.RequestParametersError), not the server's."""
+    return str(reason).startswith(NO_TOKEN_ALLOWED)
 
 
 class ProcessedStep(NamedTuple):

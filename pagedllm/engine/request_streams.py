@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import AsyncGenerator, Callable, Optional, Union
 
-from pagedllm.engine.output_processor import NO_TOKEN_ALLOWED
+from pagedllm.engine.output_processor import is_client_failure
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 
 
@@ -32,7 +32,7 @@ def failure(output: RequestOutput) -> Optional[RequestFailedError]:
     reasons = [str(c.stop_reason) for c in output.outputs if c.finish_reason == "error"]
     if not output.finished or not reasons:
         return None
-    error = RequestParametersError if reasons[0].startswith(NO_TOKEN_ALLOWED) else RequestFailedError
+    error = RequestParametersError if is_client_failure(reasons[0]) else RequestFailedError
     return error(f"Request {output.request_id} failed: {reasons[0]}")
 
 
